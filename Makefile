@@ -1,0 +1,89 @@
+# glmdeploy: pinned, verified ChatGLM3-6B-32k nodes. `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON    ?= python3
+VENVS     := .venv
+TOOLS     := $(VENVS)/tools
+REFENV    := $(VENVS)/tokenizer-ref
+ARTIFACTS := artifacts
+# cpu when this machine has no NVIDIA driver loaded, gpu-cu121 when it has.
+PROFILE   ?= $(shell test -e /proc/driver/nvidia/version && echo gpu-cu121 || echo cpu)
+NODE_PY   ?= 311
+INVENTORY ?= playbooks/localhost.ini
+ANSIBLE_ARGS ?=
+WHEELHOUSE := $(ARTIFACTS)/wheelhouse/$(PROFILE)-py$(NODE_PY)
+FIXTURE   := $(ARTIFACTS)/models/chatglm3-fixture
+PYTEST_ARGS ?=
+
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export PYTHONDONTWRITEBYTECODE := 1
+export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
+
+.PHONY: help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
+
+help: ## List the targets
+	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@echo "  variables: PROFILE=$(PROFILE) (cpu|gpu-cu121)  INVENTORY=$(INVENTORY)  ANSIBLE_ARGS=..."
+
+$(TOOLS)/.stamp: constraints/tools-py311.txt
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' || \
+	  { echo "ERROR: the control node needs Python 3.11 as $(PYTHON) (found $$($(PYTHON) -V 2>&1)); fix: make PYTHON=/path/to/python3.11 ..."; exit 2; }
+	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || \
+	  { echo "ERROR: $(PYTHON) cannot create virtual environments; fix: apt install python3-venv"; exit 2; }
+	@echo "==> bootstrapping the tool environment in $(TOOLS) (ansible, linters, test tools)"
+	@rm -rf $(TOOLS) && $(PYTHON) -m venv $(TOOLS)
+	@$(TOOLS)/bin/pip install -q --no-deps --require-hashes --only-binary=:all: -r constraints/tools-py311.txt
+	@touch $@
+
+tools: $(TOOLS)/.stamp ## Bootstrap the tool venv (ansible, ansible-lint, yamllint, ruff, pytest, playwright)
+
+$(REFENV)/.stamp: constraints/tokenizer-ref-py311.txt
+	@echo "==> building the reference tokenizer environment in $(REFENV) (transformers 4.40.2, tokenizers 0.19.1)"
+	@rm -rf $(REFENV) && $(PYTHON) -m venv $(REFENV)
+	@$(REFENV)/bin/pip install -q --no-deps --require-hashes --only-binary=:all: -r constraints/tokenizer-ref-py311.txt
+	@touch $@
+
+lock: tools ## Re-resolve every constraints/*.in into hash-locked files (dated, reproducible)
+	$(TOOLS)/bin/python constraints/lock.py lock
+
+lock-check: tools ## Fail if a committed lock differs from a fresh resolve
+	$(TOOLS)/bin/python constraints/lock.py check
+
+wheelhouse: tools ## Download the wheels of PROFILE's lock once, on the control node, and verify them
+	$(TOOLS)/bin/python constraints/lock.py wheelhouse --profile $(PROFILE) --python $(subst 3,3.,$(NODE_PY)) --dest $(WHEELHOUSE)
+
+$(FIXTURE)/SHA256SUMS: $(REFENV)/.stamp service/glmdeploy/fixture.py service/glmdeploy/chatglm3.py
+	@PYTHONPATH=service $(REFENV)/bin/python -m glmdeploy.fixture $(FIXTURE)
+
+fixture: $(FIXTURE)/SHA256SUMS ## Generate the tiny ChatGLM3-architecture fixture model (deterministic)
+
+# The cpu profile serves the fixture; gpu-cu121 serves pre-staged real weights (see README).
+model: $(if $(filter cpu,$(PROFILE)),fixture)
+
+deploy: tools wheelhouse model ## Deploy to INVENTORY (default: this machine) and run the smoke tests
+	ansible-playbook -i $(INVENTORY) playbooks/site.yml -e glmdeploy_profile=$(PROFILE) $(ANSIBLE_ARGS)
+
+undeploy: tools ## Stop the services and remove the deployment (keeps artifacts/)
+	ansible-playbook -i $(INVENTORY) playbooks/undeploy.yml $(ANSIBLE_ARGS)
+
+smoke: tools ## Run the smoke suite on every node of INVENTORY; reports land in reports/smoke/
+	ansible-playbook -i $(INVENTORY) playbooks/smoke.yml $(ANSIBLE_ARGS)
+
+lint: tools ## ansible-lint (production profile), yamllint, ruff, playbook syntax check
+	yamllint -s .
+	ansible-lint --profile production --strict playbooks roles
+	ansible-playbook -i playbooks/localhost.ini --syntax-check playbooks/site.yml playbooks/undeploy.yml playbooks/smoke.yml
+	ruff check service smoke_tests tests constraints
+	ruff format --check service smoke_tests tests constraints
+
+unit: tools $(REFENV)/.stamp fixture ## Unit tests of service/ and the lock tooling
+	PYTHONPATH=service $(REFENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)
+
+e2e: tools ## End-to-end: real make deploy here, API + headless-browser chat, broken-setup cases, undeploy
+	$(TOOLS)/bin/python -m pytest -q -p no:cacheprovider tests/e2e $(PYTEST_ARGS)
+
+test: lint unit e2e ## Everything CI runs: lint, unit tests, end-to-end deploy test
+
+clean: ## Remove tool venvs and reports (keeps downloaded artifacts/)
+	rm -rf $(VENVS) reports

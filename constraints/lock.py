@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""Lock tooling: resolve `.in` files into hash-locked sets, fetch and check wheelhouses.
+
+Why a script and not bare `uv pip compile` in the Makefile: the resolve must be
+dated, per Python version, must see the machine's own wheel mirrors (uv ignores
+pip's configuration), and the wheelhouse must be checked against the lock before
+any host is touched. Keeping that in one place keeps `make lock`, `make
+wheelhouse` and the deploy preflight agreeing on file names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PROFILES = HERE / "profiles.toml"
+_REQ = re.compile(r"^([A-Za-z0-9_.\-]+)==([^\s;\\]+)")
+_HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
+
+
+class LockError(RuntimeError):
+    """A problem the user can fix; printed without a traceback."""
+
+
+def load_profiles() -> dict[str, dict]:
+    with PROFILES.open("rb") as fh:
+        return tomllib.load(fh)
+
+
+def lock_path(profile: str, python: str) -> Path:
+    return HERE / f"{profile}-py{python.replace('.', '')}.txt"
+
+
+def pip_find_links() -> list[str]:
+    """Read find-links from this machine's pip configuration (uv does not)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"],
+        capture_output=True, text=True, check=False,
+    ).stdout
+    links: list[str] = []
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        if key.endswith("find-links"):
+            for item in value.strip().strip("'\"").split():
+                if item not in links:
+                    links.append(item)
+    return links
+
+
+def parse_lock(path: Path) -> dict[str, tuple[str, set[str]]]:
+    """Map normalised name -> (version, allowed sha256 set)."""
+    if not path.exists():
+        raise LockError(f"lock file {path} is missing: run `make lock`")
+    entries: dict[str, tuple[str, set[str]]] = {}
+    current: str | None = None
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        m = _REQ.match(line)
+        if m:
+            current = normalise(m.group(1))
+            entries[current] = (m.group(2), set())
+        if current:
+            entries[current][1].update(_HASH.findall(line))
+        if not line.endswith("\\"):
+            current = None
+    return entries
+
+
+def normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def uv() -> str:
+    exe = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
+    if not Path(exe).exists():
+        raise LockError("uv not found: run `make tools` first")
+    return exe
+
+
+def compile_one(name: str, spec: dict, python: str, out: Path) -> None:
+    cmd = [
+        uv(), "pip", "compile", str(HERE / f"{name}.in"),
+        "--generate-hashes", "--no-header", "--quiet",
+        "--python-version", python,
+        "--python-platform", "x86_64-manylinux_2_28",
+        "--exclude-newer", spec["exclude_newer"],
+        "--output-file", str(out),
+    ]
+    for pkg in spec.get("no_emit", []):
+        cmd += ["--no-emit-package", pkg]
+    if spec.get("local_wheels"):
+        for link in pip_find_links():
+            cmd += ["--find-links", link]
+    print(f"==> resolving {name} for Python {python} (releases before {spec['exclude_newer']})", flush=True)
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise LockError(f"resolving {name} for Python {python} failed:\n{result.stderr.strip()}")
+
+
+def cmd_lock(args: argparse.Namespace) -> None:
+    profiles = load_profiles()
+    names = args.profile or list(profiles)
+    for name in names:
+        spec = profiles[name]
+        for python in spec["python"]:
+            compile_one(name, spec, python, lock_path(name, python))
+            print(f"    wrote {lock_path(name, python).relative_to(HERE.parent)}")
+
+
+def cmd_check(args: argparse.Namespace) -> None:
+    """Re-resolve into a scratch dir and fail if any committed lock differs."""
+    profiles = load_profiles()
+    stale = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.profile or list(profiles):
+            spec = profiles[name]
+            for python in spec["python"]:
+                fresh = Path(tmp) / lock_path(name, python).name
+                compile_one(name, spec, python, fresh)
+                committed = lock_path(name, python)
+                if not committed.exists() or parse_lock(committed) != parse_lock(fresh):
+                    stale.append(committed.name)
+    if stale:
+        raise LockError(f"lock files out of date: {', '.join(stale)}: run `make lock` and commit")
+    print("==> all lock files match a fresh resolve")
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def wheel_name(filename: str) -> str:
+    return normalise(filename.split("-")[0])
+
+
+def verify_wheelhouse(lock: Path, wheelhouse: Path) -> list[str]:
+    """Return problems; empty when every locked package has a wheel with a locked hash."""
+    entries = parse_lock(lock)
+    if not wheelhouse.is_dir():
+        return [f"wheelhouse {wheelhouse} does not exist: run `make wheelhouse`"]
+    found: dict[str, list[Path]] = {}
+    for whl in sorted(wheelhouse.glob("*.whl")):
+        found.setdefault(wheel_name(whl.name), []).append(whl)
+    problems = []
+    for name, (version, hashes) in sorted(entries.items()):
+        candidates = [w for w in found.get(name, []) if f"-{version}-" in w.name]
+        if not candidates:
+            problems.append(f"missing wheel: {name}=={version} is not in {wheelhouse}")
+            continue
+        for whl in candidates:
+            if sha256(whl) not in hashes:
+                problems.append(f"tampered wheel: {whl.name} does not match any sha256 in {lock.name}")
+    return problems
+
+
+def cmd_wheelhouse(args: argparse.Namespace) -> None:
+    lock = lock_path(args.profile, args.python)
+    dest = Path(args.dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    if not verify_wheelhouse(lock, dest):
+        print(f"==> wheelhouse {dest} already matches {lock.name}")
+        return
+    print(f"==> downloading wheels for {lock.name} into {dest} (this takes a few minutes the first time)", flush=True)
+    # pip (not uv) so the machine's own mirrors and find-links apply.
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--require-hashes", "--progress-bar", "off", "--dest", str(dest),
+        "--python-version", args.python, "--platform", "manylinux_2_28_x86_64",
+        "-r", str(lock),
+    ]
+    subprocess.run(cmd, check=True)
+    problems = verify_wheelhouse(lock, dest)
+    if problems:
+        raise LockError("\n".join(problems))
+    print(f"==> wheelhouse {dest} complete and verified against {lock.name}")
+
+
+def cmd_verify(args: argparse.Namespace) -> None:
+    lock = lock_path(args.profile, args.python)
+    problems = verify_wheelhouse(lock, Path(args.dest))
+    if problems:
+        fix = f"fix: run `make wheelhouse PROFILE={args.profile}` to re-fetch the missing or damaged wheels"
+        raise LockError("\n".join([*problems, fix]))
+    print(f"==> {args.dest} matches {lock.name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("lock", help="resolve .in files into hash-locked <profile>-pyXY.txt")
+    p.add_argument("profile", nargs="*", help="profiles to lock (default: all)")
+    p.set_defaults(func=cmd_lock)
+    p = sub.add_parser("check", help="fail if a committed lock differs from a fresh resolve")
+    p.add_argument("profile", nargs="*")
+    p.set_defaults(func=cmd_check)
+    for verb, func, helptext in (
+        ("wheelhouse", cmd_wheelhouse, "download a profile's wheels and verify them"),
+        ("verify", cmd_verify, "check a wheelhouse against its lock (missing or tampered wheels)"),
+    ):
+        p = sub.add_parser(verb, help=helptext)
+        p.add_argument("--profile", required=True)
+        p.add_argument("--python", default="3.11")
+        p.add_argument("--dest", required=True, help="wheelhouse directory")
+        p.set_defaults(func=func)
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except LockError as exc:
+        print(f"ERROR: {exc}", file=sys.stderr)
+        return 2
+    except subprocess.CalledProcessError as exc:
+        print(f"ERROR: {' '.join(map(str, exc.cmd[:4]))} ... exited {exc.returncode}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""The node's deployed settings, as rendered by the vllm_server role.
+
+Why a file and not constants: ports, URLs and paths are defined once in the
+Ansible role defaults; the UI, the CLI and the smoke tests read what was
+actually deployed instead of repeating those values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_PATH = Path("/etc/glmdeploy/node.json")
+ENV_VAR = "GLMDEPLOY_NODE_CONFIG"
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    api_url: str
+    served_model_name: str
+    model_dir: str
+    profile: str
+    dtype: str
+    ui_url: str = ""
+    api_key: str = ""
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> NodeConfig:
+        source = Path(path or os.environ.get(ENV_VAR) or DEFAULT_PATH)
+        data = json.loads(source.read_text(encoding="utf-8"))
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})

@@ -1,0 +1,72 @@
+"""Wait until the node can really generate, not merely answer /health.
+
+Why: a vLLM server with a broken model (wrong head size on CPU, wrong dtype on
+GPU) starts, reports healthy on /health, then fails or emits only token 0 on
+every request. Deploy is done only when a real generation returns non-empty
+text made of varied token ids.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from glmdeploy.client import ApiClient, ServerError, ServerUnavailable
+from glmdeploy.config import NodeConfig
+from glmdeploy.prompt import PromptBuilder, distinct_ratio, load_tokenizer
+
+PROBE = [{"role": "user", "content": "Hello, who are you?"}]
+MIN_DISTINCT = 0.2
+
+
+def wait_for_health(client: ApiClient, timeout_s: float) -> float:
+    start = time.monotonic()
+    last = 0.0
+    while time.monotonic() - start < timeout_s:
+        if client.health():
+            return time.monotonic() - start
+        if time.monotonic() - last > 15:
+            print(f"... waiting for {client.base_url} ({time.monotonic() - start:.0f}s)", flush=True)
+            last = time.monotonic()
+        time.sleep(1)
+    raise TimeoutError(f"model server at {client.base_url} did not answer /health within {timeout_s:.0f}s")
+
+
+def check_generation(client: ApiClient, builder: PromptBuilder, tokens: int = 24) -> dict[str, object]:
+    result = client.complete(builder.chat_ids(PROBE), max_tokens=tokens, temperature=0.8, ignore_eos=True)
+    ids = result.token_ids or builder.text_ids(result.text)
+    problems = []
+    if not result.text.strip():
+        problems.append("generated text is empty")
+    if distinct_ratio(ids) < MIN_DISTINCT:
+        problems.append(f"generated ids barely vary ({len(set(ids))} distinct of {len(ids)}): {ids[:12]}")
+    if problems:
+        raise RuntimeError("model server is up but cannot generate properly: " + "; ".join(problems))
+    return {"text": result.text, "token_ids": ids, "first_token_s": result.first_token_s}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m glmdeploy.ready", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="node config (default: $GLMDEPLOY_NODE_CONFIG or /etc/glmdeploy/node.json)")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for the server (default 300)")
+    parser.add_argument("--trust-remote-code", action="store_true", help="tokenizer uses the model's own code")
+    args = parser.parse_args(argv)
+    node = NodeConfig.load(args.config)
+    client = ApiClient(node.api_url, node.served_model_name, node.api_key)
+    try:
+        waited = wait_for_health(client, args.timeout)
+        builder = PromptBuilder.from_tokenizer(load_tokenizer(node.model_dir, args.trust_remote_code))
+        report = check_generation(client, builder)
+    except (TimeoutError, RuntimeError, ServerUnavailable, ServerError) as exc:
+        print(f"NOT READY: {exc}", file=sys.stderr)
+        print("fix: read the server log (/var/log/glmdeploy/vllm_server.log) for the cause", file=sys.stderr)
+        return 1
+    report["health_after_s"] = round(waited, 1)
+    print(json.dumps(report, ensure_ascii=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
