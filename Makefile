@@ -74,8 +74,8 @@ lint: tools ## ansible-lint (production profile), yamllint, ruff, playbook synta
 	yamllint -s .
 	ansible-lint --profile production --strict playbooks roles
 	ansible-playbook -i playbooks/localhost.ini --syntax-check playbooks/site.yml playbooks/undeploy.yml playbooks/smoke.yml
-	ruff check service smoke_tests tests constraints
-	ruff format --check service smoke_tests tests constraints
+	ruff check service smoke_tests tests constraints roles
+	ruff format --check service smoke_tests tests constraints roles
 
 unit: tools $(REFENV)/.stamp fixture ## Unit tests of service/ and the lock tooling
 	PYTHONPATH=service $(REFENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)

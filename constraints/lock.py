@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 HERE = Path(__file__).resolve().parent
 PROFILES = HERE / "profiles.toml"
@@ -44,7 +44,9 @@ def pip_find_links() -> list[str]:
     """Read find-links from this machine's pip configuration (uv does not)."""
     out = subprocess.run(
         [sys.executable, "-m", "pip", "config", "list"],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     ).stdout
     links: list[str] = []
     for line in out.splitlines():
@@ -88,12 +90,21 @@ def uv() -> str:
 
 def compile_one(name: str, spec: dict, python: str, out: Path) -> None:
     cmd = [
-        uv(), "pip", "compile", str(HERE / f"{name}.in"),
-        "--generate-hashes", "--no-header", "--quiet",
-        "--python-version", python,
-        "--python-platform", "x86_64-manylinux_2_28",
-        "--exclude-newer", spec["exclude_newer"],
-        "--output-file", str(out),
+        uv(),
+        "pip",
+        "compile",
+        str(HERE / f"{name}.in"),
+        "--generate-hashes",
+        "--no-header",
+        "--quiet",
+        "--python-version",
+        python,
+        "--python-platform",
+        "x86_64-manylinux_2_28",
+        "--exclude-newer",
+        spec["exclude_newer"],
+        "--output-file",
+        str(out),
     ]
     for pkg in spec.get("no_emit", []):
         cmd += ["--no-emit-package", pkg]
@@ -176,10 +187,23 @@ def cmd_wheelhouse(args: argparse.Namespace) -> None:
     print(f"==> downloading wheels for {lock.name} into {dest} (this takes a few minutes the first time)", flush=True)
     # pip (not uv) so the machine's own mirrors and find-links apply.
     cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--require-hashes", "--progress-bar", "off", "--dest", str(dest),
-        "--python-version", args.python, "--platform", "manylinux_2_28_x86_64",
-        "-r", str(lock),
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--require-hashes",
+        "--progress-bar",
+        "off",
+        "--dest",
+        str(dest),
+        "--python-version",
+        args.python,
+        "--platform",
+        "manylinux_2_28_x86_64",
+        "-r",
+        str(lock),
     ]
     subprocess.run(cmd, check=True)
     problems = verify_wheelhouse(lock, dest)

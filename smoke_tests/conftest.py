@@ -35,7 +35,8 @@ def client(node: NodeConfig) -> ApiClient:
 @pytest.fixture(scope="session")
 def tokenizer(node: NodeConfig) -> object:
     trust = json.loads(Path(os.environ.get("GLMDEPLOY_NODE_CONFIG", "/etc/glmdeploy/node.json")).read_text()).get(
-        "trust_remote_code", False)
+        "trust_remote_code", False
+    )
     return load_tokenizer(node.model_dir, trust)
 
 
@@ -46,8 +47,11 @@ def builder(tokenizer: object) -> PromptBuilder:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-        entry: dict[str, object] = {"test": report.nodeid, "outcome": report.outcome,
-                                    "seconds": round(report.duration, 3)}
+        entry: dict[str, object] = {
+            "test": report.nodeid,
+            "outcome": report.outcome,
+            "seconds": round(report.duration, 3),
+        }
         if report.outcome == "skipped" and isinstance(report.longrepr, tuple):
             entry["reason"] = report.longrepr[2]
         elif report.outcome == "failed":
@@ -60,7 +64,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if not target:
         return
     counts = {k: sum(1 for r in _RESULTS if r["outcome"] == k) for k in ("passed", "failed", "skipped")}
-    Path(target).write_text(json.dumps({
-        "host": socket.gethostname(), "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "exit_status": int(exitstatus), "counts": counts, "results": _RESULTS,
-    }, indent=2))
+    Path(target).write_text(
+        json.dumps(
+            {
+                "host": socket.gethostname(),
+                "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "exit_status": int(exitstatus),
+                "counts": counts,
+                "results": _RESULTS,
+            },
+            indent=2,
+        )
+    )

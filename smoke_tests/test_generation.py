@@ -11,16 +11,18 @@ from glmdeploy.prompt import PromptBuilder, distinct_ratio
 
 
 def test_generation_returns_text_with_varied_ids(client: ApiClient, builder: PromptBuilder) -> None:
-    result = client.complete(builder.chat_ids([{"role": "user", "content": "你好"}]), max_tokens=32,
-                             stream=False, ignore_eos=True)
+    result = client.complete(
+        builder.chat_ids([{"role": "user", "content": "你好"}]), max_tokens=32, stream=False, ignore_eos=True
+    )
     ids = result.token_ids or builder.text_ids(result.text)
     assert result.text.strip(), "the server returned empty text"
     assert distinct_ratio(ids) >= 0.2, f"generated ids barely vary: {ids}"
 
 
 def test_streaming_delivers_tokens_in_several_chunks(client: ApiClient, builder: PromptBuilder) -> None:
-    result = client.complete(builder.chat_ids([{"role": "user", "content": "Tell me a story."}]),
-                             max_tokens=24, stream=True, ignore_eos=True)
+    result = client.complete(
+        builder.chat_ids([{"role": "user", "content": "Tell me a story."}]), max_tokens=24, stream=True, ignore_eos=True
+    )
     assert result.chunks >= 5, f"expected a streamed reply, got {result.chunks} chunk(s)"
     assert result.first_token_s is not None and result.text.strip()
 
@@ -37,8 +39,13 @@ def test_server_receives_the_prompt_ids_the_kit_built(client: ApiClient, builder
 
 
 def test_openai_chat_endpoint_streams(client: ApiClient, node: NodeConfig) -> None:
-    body = {"model": node.served_model_name, "stream": True, "max_tokens": 16,
-            "messages": [{"role": "user", "content": "hi"}], "ignore_eos": True}
+    body = {
+        "model": node.served_model_name,
+        "stream": True,
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": "hi"}],
+        "ignore_eos": True,
+    }
     response = client._request("POST", "/chat/completions", body)
     pieces = []
     for raw in response:

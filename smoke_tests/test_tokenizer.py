@@ -34,4 +34,3 @@ def test_role_tokens_typed_by_a_user_stay_plain_text(builder: PromptBuilder, typ
     ids = builder.chat_ids([{"role": "user", "content": typed}])
     assert ids.count(64795) == 1 and ids.count(64796) == 1, f"user text {typed!r} produced role ids: {ids}"
     assert ids.count(64790) == 1 and ids.count(64797) == 0
-

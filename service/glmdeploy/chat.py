@@ -32,8 +32,9 @@ def main(argv: list[str] | None = None) -> int:
             history.append({"role": "user", "content": turn})
             print(f"user> {turn}\nassistant> ", end="", flush=True)
             reply = ""
-            for piece in client.stream_completion(builder.chat_ids(history), args.max_tokens,
-                                                  args.temperature, args.top_p):
+            for piece in client.stream_completion(
+                builder.chat_ids(history), args.max_tokens, args.temperature, args.top_p
+            ):
                 reply += piece
                 print(piece, end="", flush=True)
             print()

@@ -76,8 +76,15 @@ class ApiClient:
             return False
         return True
 
-    def completion_body(self, prompt_ids: Sequence[int], max_tokens: int, temperature: float, top_p: float,
-                        stream: bool, ignore_eos: bool = False) -> dict[str, Any]:
+    def completion_body(
+        self,
+        prompt_ids: Sequence[int],
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        stream: bool,
+        ignore_eos: bool = False,
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.model,
             "prompt": list(prompt_ids),
@@ -92,11 +99,18 @@ class ApiClient:
             body["ignore_eos"] = True
         return body
 
-    def stream_completion(self, prompt_ids: Sequence[int], max_tokens: int = 256, temperature: float = 0.8,
-                          top_p: float = 0.8, ignore_eos: bool = False) -> Iterator[str]:
+    def stream_completion(
+        self,
+        prompt_ids: Sequence[int],
+        max_tokens: int = 256,
+        temperature: float = 0.8,
+        top_p: float = 0.8,
+        ignore_eos: bool = False,
+    ) -> Iterator[str]:
         """Yield text pieces as the server streams them."""
-        for choice in self._stream_choices(self.completion_body(prompt_ids, max_tokens, temperature, top_p,
-                                                                True, ignore_eos)):
+        for choice in self._stream_choices(
+            self.completion_body(prompt_ids, max_tokens, temperature, top_p, True, ignore_eos)
+        ):
             if choice.get("text"):
                 yield choice["text"]
 
@@ -112,15 +126,25 @@ class ApiClient:
             event = json.loads(data)
             yield from event.get("choices", [])
 
-    def complete(self, prompt_ids: Sequence[int], max_tokens: int = 64, temperature: float = 0.8,
-                 top_p: float = 0.8, stream: bool = True, ignore_eos: bool = False) -> Completion:
+    def complete(
+        self,
+        prompt_ids: Sequence[int],
+        max_tokens: int = 64,
+        temperature: float = 0.8,
+        top_p: float = 0.8,
+        stream: bool = True,
+        ignore_eos: bool = False,
+    ) -> Completion:
         """Run one generation and collect text, token ids (where the server reports them) and timing."""
         body = self.completion_body(prompt_ids, max_tokens, temperature, top_p, stream, ignore_eos)
         body["return_token_ids"] = True
         result = Completion()
         start = time.perf_counter()
-        choices = self._stream_choices(body) if stream else iter(
-            json.loads(self._request("POST", "/completions", body).read()).get("choices", []))
+        choices = (
+            self._stream_choices(body)
+            if stream
+            else iter(json.loads(self._request("POST", "/completions", body).read()).get("choices", []))
+        )
         for choice in choices:
             if result.first_token_s is None and choice.get("text"):
                 result.first_token_s = time.perf_counter() - start

@@ -65,14 +65,18 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 
-_WORDS = (
-    "the of and to in is you that it he was for on are as with his they at be this have from or one had "
-    "by word but not what all were we when your can said there use an each which she do how their if will "
-    "up other about out many then them these so some her would make like him into time has look two more "
-    "write go see number no way could people my than first water been call who oil its now find long down "
-    "day did get come made may part hello world model token server python def return import class print "
-    "deploy node chat sleep night"
-).split()
+_WORDS = tuple(
+    " ".join(
+        (
+            "the of and to in is you that it he was for on are as with his they at be this have from or one",
+            "had by word but not what all were we when your can said there use an each which she do how their",
+            "if will up other about out many then them these so some her would make like him into time has",
+            "look two more write go see number no way could people my than first water been call who oil",
+            "its now find long down day did get come made may part hello world model token server python",
+            "def return import class print deploy node chat sleep night",
+        )
+    ).split()
+)
 
 
 def tokenizer_pieces() -> list[tuple[str, float]]:
@@ -127,8 +131,14 @@ def build_tokenizer() -> object:
 
 def tokenizer_config() -> dict[str, object]:
     added = {
-        str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
-                 "single_word": False, "special": True}
+        str(i): {
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
         for t, i in [("<unk>", 0), ("<s>", 1), ("</s>", 2), *chatglm3.SPECIAL_TOKENS.items()]
     }
     return {
@@ -188,9 +198,9 @@ def build_weights() -> dict[str, object]:
     w["transformer.output_layer.weight"] = out
     half = kv // 2
     base = 10000 * float(CONFIG["rope_ratio"])  # type: ignore[arg-type]
-    w["transformer.rotary_pos_emb.inv_freq"] = (
-        1.0 / base ** (np.arange(0, half, 2, dtype=np.float32) / half)
-    ).astype(np.float16)
+    w["transformer.rotary_pos_emb.inv_freq"] = (1.0 / base ** (np.arange(0, half, 2, dtype=np.float32) / half)).astype(
+        np.float16
+    )
     return w
 
 
@@ -209,16 +219,25 @@ def generate(dest: Path) -> None:
         print("==> writing tokenizer (64798 ids, ChatGLM3 special tokens at 64789-64797)", flush=True)
         build_tokenizer().save(str(work / "tokenizer.json"))  # type: ignore[attr-defined]
         _dump(work / "tokenizer_config.json", tokenizer_config())
-        _dump(work / "special_tokens_map.json", {
-            "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<unk>",
-            "additional_special_tokens": list(chatglm3.SPECIAL_TOKENS),
-        })
+        _dump(
+            work / "special_tokens_map.json",
+            {
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "pad_token": "<unk>",
+                "additional_special_tokens": list(chatglm3.SPECIAL_TOKENS),
+            },
+        )
         print("==> writing random fp16 weights", flush=True)
         save_file(build_weights(), str(work / "model.safetensors"), metadata={"format": "pt"})  # type: ignore[arg-type]
         _dump(work / "config.json", CONFIG)
-        _dump(work / "generation_config.json", {
-            "eos_token_id": list(chatglm3.STOP_TOKEN_IDS), "pad_token_id": chatglm3.PAD_ID,
-        })
+        _dump(
+            work / "generation_config.json",
+            {
+                "eos_token_id": list(chatglm3.STOP_TOKEN_IDS),
+                "pad_token_id": chatglm3.PAD_ID,
+            },
+        )
         (work / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
         write_manifest(work)
         work.chmod(0o755)

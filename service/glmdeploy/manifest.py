@@ -25,8 +25,11 @@ def file_sha256(path: Path) -> str:
 
 def model_files(model_dir: Path) -> list[Path]:
     return sorted(
-        p for p in model_dir.rglob("*")
-        if p.is_file() and p.name != MANIFEST and not any(part.startswith(".") for part in p.relative_to(model_dir).parts)
+        p
+        for p in model_dir.rglob("*")
+        if p.is_file()
+        and p.name != MANIFEST
+        and not any(part.startswith(".") for part in p.relative_to(model_dir).parts)
     )
 
 

@@ -61,8 +61,11 @@ def main() -> None:
     with st.chat_message("assistant"):
         try:
             ids = _builder(node.model_dir).chat_ids(history)
-            reply = st.write_stream(client.stream_completion(
-                ids, int(settings["max_tokens"]), float(settings["temperature"]), float(settings["top_p"])))
+            reply = st.write_stream(
+                client.stream_completion(
+                    ids, int(settings["max_tokens"]), float(settings["temperature"]), float(settings["top_p"])
+                )
+            )
         except (ServerUnavailable, ServerError) as exc:
             history.pop()
             st.error(f"The model server is not answering: {exc}. Check the node with `make smoke`.")

@@ -4,6 +4,7 @@
 Reads /proc/net/tcp{,6} (no iproute2 needed on minimal hosts). Usage:
 check_ports.py SERVICE_USER PORT [PORT...]
 """
+
 import os
 import pwd
 import sys
@@ -12,7 +13,8 @@ import sys
 def listeners():
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
-            lines = open(table).read().splitlines()[1:]
+            with open(table) as fh:
+                lines = fh.read().splitlines()[1:]
         except OSError:
             continue
         for line in lines:
@@ -26,7 +28,8 @@ def owner_pid(inode):
         try:
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 if os.readlink(f"/proc/{pid}/fd/{fd}") == f"socket:[{inode}]":
-                    cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+                    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                        cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
                     return pid, cmd.strip()[:120]
         except OSError:
             continue

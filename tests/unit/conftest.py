@@ -1,0 +1,26 @@
+"""Unit tests run in the reference tokenizer environment (transformers 4.40.2, tokenizers 0.19.1)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "constraints"))
+
+
+@pytest.fixture(scope="session")
+def fixture_dir() -> Path:
+    path = ROOT / "artifacts" / "models" / "chatglm3-fixture"
+    if not (path / "SHA256SUMS").exists():
+        pytest.fail("fixture model missing: run `make fixture` (make unit does it)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tokenizer(fixture_dir: Path) -> object:
+    from glmdeploy.prompt import load_tokenizer
+
+    return load_tokenizer(str(fixture_dir))
