@@ -34,12 +34,14 @@ def test_builder_refuses_an_encoder_that_leaks_role_ids():
 
 
 def test_multi_turn_history_keeps_every_role_marker(builder):
-    ids = builder.chat_ids([
-        {"role": "system", "content": "be brief"},
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": "hello"},
-        {"role": "user", "content": "again"},
-    ])
+    ids = builder.chat_ids(
+        [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "again"},
+        ]
+    )
     markers = [i for i in ids if i in chatglm3.ROLE_IDS.values()]
     assert markers == [64794, 64795, 64796, 64795, 64796]
 
