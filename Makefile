@@ -83,7 +83,7 @@ unit: tools $(REFENV)/.stamp fixture ## Unit tests of service/ and the lock tool
 e2e: tools ## End-to-end: real make deploy here, API + headless-browser chat, broken-setup cases, undeploy
 	$(TOOLS)/bin/python -m pytest -q -p no:cacheprovider tests/e2e $(PYTEST_ARGS)
 
-test: lint unit e2e ## Everything CI runs: lint, unit tests, end-to-end deploy test
+test: lint lock-check unit e2e ## Everything CI runs: lint, lock re-resolve check, unit tests, end-to-end deploy
 
 clean: ## Remove tool venvs and reports (keeps downloaded artifacts/)
 	rm -rf $(VENVS) reports

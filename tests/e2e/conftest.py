@@ -1,0 +1,69 @@
+"""End-to-end fixtures: a real `make deploy` on this machine, torn down with `make undeploy`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NODE_CONFIG = Path("/etc/glmdeploy/node.json")
+
+
+def make(*args: str, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
+    """Run a make target from the checkout, echoing its output so CI logs show progress."""
+    start = time.monotonic()
+    proc = subprocess.run(
+        ["make", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    proc.elapsed = time.monotonic() - start  # type: ignore[attr-defined]
+    sys.stdout.write(f"\n$ make {' '.join(args)}  ({proc.elapsed:.1f}s, rc={proc.returncode})\n")  # type: ignore[attr-defined]
+    sys.stdout.write(proc.stdout[-3000:] + proc.stderr[-2000:])
+    return proc
+
+
+def http_json(url: str, body: dict | None = None, timeout: float = 60) -> dict:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def service_pids() -> dict[str, int]:
+    """PIDs of the kit's services, from supervisord or systemd."""
+    pids = {}
+    for name in ("vllm_server", "chat_ui"):
+        ctl = "/opt/glmdeploy/current/venv/bin/supervisorctl"
+        if Path(ctl).exists() and Path("/etc/glmdeploy/supervisord.conf").exists():
+            out = subprocess.run(
+                [ctl, "-c", "/etc/glmdeploy/supervisord.conf", "pid", name], capture_output=True, text=True, check=False
+            ).stdout.strip()
+        else:
+            out = subprocess.run(
+                ["systemctl", "show", "-p", "MainPID", "--value", f"glmdeploy-{name}"],
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout.strip()
+        pids[name] = int(out) if out.isdigit() else 0
+    return pids
+
+
+@pytest.fixture(scope="session")
+def deployed() -> dict:
+    """Deploy once for the whole session; undeploy at the end, whatever happened."""
+    if os.geteuid() != 0:
+        pytest.skip("the end-to-end deploy installs services and a system user: run as root")
+    cold = make("deploy")
+    assert cold.returncode == 0, "make deploy failed"
+    assert "UI:" in cold.stdout and "API:" in cold.stdout and "smoke:" in cold.stdout
+    node = json.loads(NODE_CONFIG.read_text())
+    yield {"node": node, "cold_s": cold.elapsed, "cold_out": cold.stdout}  # type: ignore[attr-defined]
+    down = make("undeploy")
+    assert down.returncode == 0, "make undeploy failed"

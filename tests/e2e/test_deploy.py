@@ -1,0 +1,226 @@
+"""The real deployment on this machine: serve, stream, chat in a browser, refuse broken setups, undeploy.
+
+Tests run in file order against one deployment (see conftest.deployed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, http_json, make, service_pids
+
+FIXTURE = ROOT / "artifacts" / "models" / "chatglm3-fixture"
+WHEELHOUSE = ROOT / "artifacts" / "wheelhouse" / "cpu-py311"
+CHAT_PROMPT_IDS = [64790, 64792, 64795, 259, 13, 259, 1028, 3617, 64796]  # fixture ids of a "你好" turn
+
+
+def api(deployed: dict) -> str:
+    return deployed["node"]["api_url"]
+
+
+def test_second_deploy_changes_nothing_and_keeps_services_running(deployed):
+    before = service_pids()
+    again = make("deploy")
+    assert again.returncode == 0
+    recap = re.search(r"localhost\s*:\s*ok=\d+\s+changed=(\d+)", again.stdout)
+    assert recap and recap.group(1) == "0", f"second deploy changed something: {recap and recap.group(0)}"
+    assert service_pids() == before and all(before.values()), "a service was restarted by a no-op deploy"
+    print(f"\nDEPLOY TIMES: cold-or-current {deployed['cold_s']:.1f}s, re-run {again.elapsed:.1f}s")
+
+
+def test_streamed_completion_returns_fixture_tokens(deployed):
+    body = {
+        "model": deployed["node"]["served_model_name"],
+        "prompt": CHAT_PROMPT_IDS,
+        "max_tokens": 32,
+        "stream": True,
+        "ignore_eos": True,
+        "stop_token_ids": [2, 64795, 64797],
+        "return_token_ids": True,
+    }
+    req = urllib.request.Request(
+        api(deployed) + "/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    start = time.perf_counter()
+    first, pieces, ids = None, [], []
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        for raw in resp:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            for choice in json.loads(line[5:])["choices"]:
+                if choice.get("text") and first is None:
+                    first = time.perf_counter() - start
+                pieces.append(choice.get("text") or "")
+                ids += choice.get("token_ids") or []
+    assert len([p for p in pieces if p]) >= 5, "reply did not stream"
+    assert "".join(pieces).strip() and len(set(ids)) > 5 and max(ids) < 64789
+    print(f"\nTTFT (streamed /v1/completions, 9-token prompt): {first * 1000:.0f} ms")
+
+
+def test_streamed_chat_completion_through_the_openai_api(deployed):
+    body = {
+        "model": deployed["node"]["served_model_name"],
+        "stream": True,
+        "max_tokens": 24,
+        "ignore_eos": True,
+        "messages": [{"role": "user", "content": "Hello"}],
+    }
+    req = urllib.request.Request(
+        api(deployed) + "/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    deltas = []
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        for raw in resp:
+            line = raw.decode().strip()
+            if line.startswith("data:") and line != "data: [DONE]":
+                deltas += [c["delta"].get("content") or "" for c in json.loads(line[5:])["choices"]]
+    assert len([d for d in deltas if d]) >= 5 and "".join(deltas).strip()
+
+
+def test_chat_in_a_real_browser_streams_and_keeps_history(deployed):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=shutil.which("chromium") or "/usr/bin/chromium",
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
+        page = browser.new_page()
+        # not "networkidle": Streamlit keeps a websocket open for the whole session
+        page.goto(deployed["node"]["ui_url"])
+        box = page.get_by_placeholder("Type a message")
+        box.wait_for(timeout=60_000)
+        messages = page.get_by_test_id("stChatMessage")
+        for turn, text in enumerate(["Hello there", "And a second question?"], start=1):
+            box.fill(text)
+            box.press("Enter")
+            reply = messages.nth(2 * turn - 1)
+            reply.wait_for(timeout=60_000)
+            lengths, stable_since = [], time.monotonic()
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and time.monotonic() - stable_since < 2:
+                n = len(reply.inner_text())
+                if not lengths or n != lengths[-1]:
+                    lengths.append(n)
+                    stable_since = time.monotonic()
+                time.sleep(0.05)
+            assert reply.inner_text().strip(), f"turn {turn}: the assistant reply is empty"
+            assert len([n for n in lengths if n > 0]) >= 3, f"turn {turn}: reply did not stream ({lengths})"
+            assert text in messages.nth(2 * turn - 2).inner_text()
+        assert page.get_by_test_id("stChatMessage").count() == 4, "history lost between turns"
+        browser.close()
+
+
+def _still_serving(deployed, before):
+    assert service_pids() == before, "a failed deploy touched the running services"
+    out = http_json(
+        api(deployed) + "/completions",
+        {"model": deployed["node"]["served_model_name"], "prompt": CHAT_PROMPT_IDS, "max_tokens": 4},
+    )
+    assert out["choices"][0]["text"]
+
+
+def _failed_with(proc, *needles):
+    assert proc.returncode != 0, "deploy succeeded on a broken setup"
+    text = proc.stdout + proc.stderr
+    for needle in needles:
+        assert needle in text, f"expected {needle!r} in the error output"
+
+
+def test_occupied_port_is_named_with_a_fix(deployed):
+    before = service_pids()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        proc = make("deploy", f"ANSIBLE_ARGS=-e chat_ui_port={port}")
+    _failed_with(proc, f"port {port} is already in use by PID {os.getpid()}", "fix:")
+    _still_serving(deployed, before)
+
+
+def test_tampered_model_file_is_named_and_nothing_changes(deployed, tmp_path):
+    before = service_pids()
+    bad = tmp_path / "model"
+    shutil.copytree(FIXTURE, bad)
+    with (bad / "tokenizer.json").open("r+b") as fh:
+        fh.seek(1000)
+        fh.write(b"#")
+    proc = make("deploy", f"ANSIBLE_ARGS=-e model_source_dir={bad}")
+    _failed_with(proc, "model file changed: tokenizer.json", "fix:")
+    (bad / "config.json").unlink()
+    proc = make("deploy", f"ANSIBLE_ARGS=-e model_source_dir={bad}")
+    _failed_with(proc, "missing model file: config.json")
+    _still_serving(deployed, before)
+
+
+def test_missing_or_tampered_wheel_is_named_and_nothing_changes(deployed, tmp_path):
+    before = service_pids()
+    house = tmp_path / "wh"
+    house.mkdir()
+    for whl in WHEELHOUSE.glob("*.whl"):
+        os.link(whl, house / whl.name)
+    victim = next(house.glob("supervisor-*.whl"))
+    victim.unlink()
+    proc = make("deploy", f"ANSIBLE_ARGS=-e python_env_find_links={house}")
+    _failed_with(proc, "missing wheel: supervisor==", "make wheelhouse PROFILE=cpu")
+    victim.write_bytes(b"not the wheel you locked")
+    proc = make("deploy", f"ANSIBLE_ARGS=-e python_env_find_links={house}")
+    _failed_with(proc, f"tampered wheel: {victim.name}")
+    _still_serving(deployed, before)
+
+
+def test_unsupported_python_is_named_with_a_fix(deployed, tmp_path):
+    before = service_pids()
+    fake = tmp_path / "python3.12"
+    # An interpreter that reports 3.12: only its version matters to the check under test.
+    fake.write_text("#!/bin/sh\necho 3.12\n")
+    fake.chmod(0o755)
+    proc = make("deploy", f"ANSIBLE_ARGS=-e glmdeploy_python={fake}")
+    _failed_with(proc, "unsupported Python", "is 3.12", "has locks for Python 3.11", "fix:")
+    _still_serving(deployed, before)
+
+
+def test_service_memory_and_venv_size_are_reported(deployed):
+    rss = {}
+    for name, pid in service_pids().items():
+        tree = subprocess.run(
+            ["ps", "-o", "rss=", "--ppid", str(pid), "-p", str(pid)], capture_output=True, text=True, check=True
+        ).stdout.split()
+        rss[name] = sum(int(k) for k in tree) / 1024
+    venv = subprocess.run(
+        ["du", "-sm", str(Path("/opt/glmdeploy/current/").resolve() / "venv")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()[0]
+    print(f"\nRSS MiB (process + direct children): {rss}; venv size: {venv} MiB")
+    assert all(v > 0 for v in rss.values())
+
+
+def test_undeploy_removes_services_and_files_but_keeps_artifacts(deployed):
+    proc = make("undeploy")
+    assert proc.returncode == 0
+    assert not Path("/opt/glmdeploy").exists() and not Path("/etc/glmdeploy").exists()
+    assert (FIXTURE / "SHA256SUMS").exists() and any(WHEELHOUSE.glob("*.whl"))
+    with pytest.raises(OSError):
+        urllib.request.urlopen(api(deployed) + "/models", timeout=5)
