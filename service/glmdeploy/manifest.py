@@ -85,8 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ERROR: {problem}", file=sys.stderr)
     if problems:
         print(
-            f"fix: restore the model files in {args.model_dir} from the pinned revision "
-            "(`make fixture` for the cpu profile, `make weights` for the real model)",
+            f"fix: restore the model files in {args.model_dir} from the pinned revision: `make fixture` "
+            "for the cpu profile; for ChatGLM3-6B-32k copy the pinned revision's files and SHA256SUMS there "
+            "(README, 'Real weights')",
             file=sys.stderr,
         )
         return 1

@@ -17,13 +17,13 @@ from glmdeploy.config import NodeConfig
 from glmdeploy.prompt import PromptBuilder, PromptInjectionError, load_tokenizer
 
 
-@st.cache_resource
+@st.cache_resource(show_spinner="Loading the tokenizer...")
 def _builder(model_dir: str) -> PromptBuilder:
     trust = os.environ.get("GLMDEPLOY_TRUST_REMOTE_CODE") == "1"
     return PromptBuilder.from_tokenizer(load_tokenizer(model_dir, trust))
 
 
-@st.cache_resource
+@st.cache_resource(show_spinner=False)
 def _node() -> NodeConfig:
     return NodeConfig.load()
 
@@ -47,6 +47,7 @@ def main() -> None:
     st.title("ChatGLM3-6B-32k")
     st.caption(f"profile {node.profile} · model {node.served_model_name} · {node.api_url}")
     settings = _sidebar()
+    builder = _builder(node.model_dir)  # before the input box: the first reply must not wait on it
     history: list[dict[str, str]] = st.session_state.setdefault("history", [])
     for message in history:
         with st.chat_message(message["role"]):
@@ -60,7 +61,7 @@ def main() -> None:
     client = ApiClient(node.api_url, node.served_model_name, node.api_key)
     with st.chat_message("assistant"):
         try:
-            ids = _builder(node.model_dir).chat_ids(history)
+            ids = builder.chat_ids(history)
             reply = st.write_stream(
                 client.stream_completion(
                     ids, int(settings["max_tokens"]), float(settings["temperature"]), float(settings["top_p"])

@@ -111,21 +111,30 @@ def test_chat_in_a_real_browser_streams_and_keeps_history(deployed):
         box = page.get_by_placeholder("Type a message")
         box.wait_for(timeout=60_000)
         messages = page.get_by_test_id("stChatMessage")
+        # Record every DOM update of the newest chat message: polling from here can miss a fast stream.
+        page.evaluate("""() => {
+            window.__lengths = [];
+            new MutationObserver(() => {
+                const all = document.querySelectorAll('[data-testid="stChatMessage"]');
+                if (all.length) window.__lengths.push([all.length, all[all.length - 1].innerText.length]);
+            }).observe(document.body, {subtree: true, childList: true, characterData: true});
+        }""")
         for turn, text in enumerate(["Hello there", "And a second question?"], start=1):
+            page.evaluate("() => { window.__lengths = []; }")
             box.fill(text)
             box.press("Enter")
             reply = messages.nth(2 * turn - 1)
             reply.wait_for(timeout=60_000)
-            lengths, stable_since = [], time.monotonic()
+            last, stable_since = None, time.monotonic()
             deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and time.monotonic() - stable_since < 2:
-                n = len(reply.inner_text())
-                if not lengths or n != lengths[-1]:
-                    lengths.append(n)
-                    stable_since = time.monotonic()
-                time.sleep(0.05)
+            while time.monotonic() < deadline and time.monotonic() - stable_since < 3:
+                current = reply.inner_text()
+                if current != last:
+                    last, stable_since = current, time.monotonic()
+                time.sleep(0.1)
+            seen = {n for count, n in page.evaluate("() => window.__lengths") if count == 2 * turn and n > 0}
             assert reply.inner_text().strip(), f"turn {turn}: the assistant reply is empty"
-            assert len([n for n in lengths if n > 0]) >= 3, f"turn {turn}: reply did not stream ({lengths})"
+            assert len(seen) >= 3, f"turn {turn}: reply arrived in one piece, not streamed ({sorted(seen)})"
             assert text in messages.nth(2 * turn - 2).inner_text()
         assert page.get_by_test_id("stChatMessage").count() == 4, "history lost between turns"
         browser.close()
