@@ -13,6 +13,8 @@ NODE_PY   ?= 311
 INVENTORY ?= playbooks/localhost.ini
 ANSIBLE_ARGS ?=
 WHEELHOUSE := $(ARTIFACTS)/wheelhouse/$(PROFILE)-py$(NODE_PY)
+N         ?= 3
+HOSTCTL   := $(TOOLS)/bin/python tests/hosts/hostctl.py
 FIXTURE   := $(ARTIFACTS)/models/chatglm3-fixture
 PYTEST_ARGS ?=
 
@@ -20,7 +22,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
+.PHONY: hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -84,6 +86,15 @@ e2e: tools ## End-to-end: real make deploy here, API + headless-browser chat, br
 	$(TOOLS)/bin/python -m pytest -q -p no:cacheprovider tests/e2e $(PYTEST_ARGS)
 
 test: lint lock-check unit e2e ## Everything CI runs: lint, lock re-resolve check, unit tests, end-to-end deploy
+
+hosts: tools ## Create N (default 3) fresh systemd test hosts in network namespaces; writes their inventory
+	$(HOSTCTL) up $(N)
+
+hosts-down: tools ## Destroy every test host and the controller-side apt proxy and artifact server
+	$(HOSTCTL) down
+
+hosts-status: tools ## List the test hosts
+	$(HOSTCTL) status
 
 clean: ## Remove tool venvs and reports (keeps downloaded artifacts/)
 	rm -rf $(VENVS) reports

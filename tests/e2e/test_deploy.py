@@ -190,10 +190,10 @@ def test_missing_or_tampered_wheel_is_named_and_nothing_changes(deployed, tmp_pa
         os.link(whl, house / whl.name)
     victim = next(house.glob("supervisor-*.whl"))
     victim.unlink()
-    proc = make("deploy", f"ANSIBLE_ARGS=-e python_env_find_links={house}")
+    proc = make("deploy", f"ANSIBLE_ARGS=-e glmdeploy_wheelhouse_dir={house}")
     _failed_with(proc, "missing wheel: supervisor==", "make wheelhouse PROFILE=cpu")
     victim.write_bytes(b"not the wheel you locked")
-    proc = make("deploy", f"ANSIBLE_ARGS=-e python_env_find_links={house}")
+    proc = make("deploy", f"ANSIBLE_ARGS=-e glmdeploy_wheelhouse_dir={house}")
     _failed_with(proc, f"tampered wheel: {victim.name}")
     _still_serving(deployed, before)
 

@@ -1,0 +1,451 @@
+#!/usr/bin/env python3
+"""Fresh Debian 12 test hosts booting systemd, each in its own network namespace.
+
+Why: "make deploy to a fresh server" is a claim about machines that are not the
+control node. Without a Docker engine, each host here is an overlay on a cached
+debootstrapped rootfs, booted by systemd-nspawn inside its own network
+namespace on a private bridge, reached by Ansible over SSH. Hosts have no
+default route: they reach only the controller's bridge address, where an apt
+proxy (forwarding only to the controller's own apt mirror) and an artifact
+server (wheelhouse, models) listen. Everything is torn down by recorded PID.
+
+Usage (root): hostctl.py up N | down | status | golden
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+STATE = Path(os.environ.get("GLMDEPLOY_HOSTS_STATE", "/var/lib/glmdeploy-hosts"))
+CACHE = Path(os.environ.get("GLMDEPLOY_HOSTS_CACHE", "/var/cache/glmdeploy-hosts"))
+BRIDGE = "glmbr0"
+SUBNET = "10.77.0"
+CONTROLLER = f"{SUBNET}.1"
+APT_PORT = 3142
+ARTIFACT_PORT = 8080
+PACKAGES = (
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "openssh-server",
+    "sudo",
+    "python3",
+    "python3-apt",
+    "python3-venv",
+    "python3-packaging",
+    "libnuma1",
+    "iproute2",
+    "procps",
+    "ca-certificates",
+)
+CGROUP_HIERARCHIES = ("systemd", "unified")
+
+
+class HostError(RuntimeError):
+    """A failure with a message for the person running the harness."""
+
+
+def run(*cmd: str, check: bool = True, **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, check=check, text=True, capture_output=True, **kw)  # type: ignore[call-overload]
+
+
+def log(msg: str) -> None:
+    print(f"[hosts] {msg}", flush=True)
+
+
+# ---------------------------------------------------------------- mirrors
+def apt_mirrors() -> list[tuple[str, str]]:
+    """(URI, suite) pairs for Debian from the controller's own apt sources; never a name written here."""
+    found: list[tuple[str, str]] = []
+    files = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
+    for path in files:
+        if not path.is_file() or not path.name.endswith((".list", ".sources")):
+            continue
+        text = path.read_text(errors="replace")
+        for line in text.splitlines():  # one-line format
+            m = re.match(r"^\s*deb\s+(?:\[[^\]]*\]\s+)?(\S+)\s+(\S+)", line)
+            if m:
+                found.append((m.group(1), m.group(2)))
+        for stanza in re.split(r"\n\s*\n", text):  # deb822 format
+            fields = dict(re.findall(r"^(\w[\w-]*):\s*(.*)$", stanza, re.M))
+            if "deb" in fields.get("Types", "").split() and fields.get("Enabled", "yes") != "no":
+                for uri in fields.get("URIs", "").split():
+                    for suite in fields.get("Suites", "").split():
+                        found.append((uri, suite))
+    return found
+
+
+def debian_mirror() -> str:
+    for uri, suite in apt_mirrors():
+        if suite == "bookworm":
+            return uri
+    raise HostError("no bookworm mirror in this machine's apt sources: add one, then retry")
+
+
+# ---------------------------------------------------------------- golden rootfs
+def golden_dir() -> Path:
+    key = hashlib.sha256(" ".join(sorted(PACKAGES)).encode()).hexdigest()[:12]
+    return CACHE / f"golden-bookworm-{key}"
+
+
+def ensure_golden() -> Path:
+    golden = golden_dir()
+    rootfs = golden / "rootfs"
+    if (golden / "ready").exists():
+        return rootfs
+    if not shutil.which("debootstrap") or not shutil.which("systemd-nspawn"):
+        raise HostError("debootstrap and systemd-nspawn are needed: apt install debootstrap systemd-container")
+    shutil.rmtree(golden, ignore_errors=True)
+    golden.mkdir(parents=True)
+    log(f"building the golden Debian 12 rootfs in {rootfs} (about a minute, cached afterwards)")
+    start = time.monotonic()
+    proc = run(
+        "debootstrap",
+        "--variant=minbase",
+        f"--include={','.join(PACKAGES)}",
+        "bookworm",
+        str(rootfs),
+        debian_mirror(),
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise HostError(f"debootstrap failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    finish_golden(rootfs)
+    (golden / "ready").write_text(f"{time.monotonic() - start:.1f}\n")
+    log(f"golden rootfs ready in {time.monotonic() - start:.0f}s")
+    return rootfs
+
+
+def finish_golden(rootfs: Path) -> None:
+    """Make the rootfs a template: no identity of its own, apt through the controller's proxy."""
+    for key in rootfs.glob("etc/ssh/ssh_host_*"):
+        key.unlink()
+    (rootfs / "etc/machine-id").write_text("")
+    (rootfs / "etc/apt/apt.conf.d/01glmdeploy-proxy").write_text(
+        f'Acquire::http::Proxy "http://{CONTROLLER}:{APT_PORT}";\n'
+    )
+    # No TTY on the console pipe: a getty there would respawn forever.
+    wants = rootfs / "etc/systemd/system/getty.target.wants"
+    shutil.rmtree(wants, ignore_errors=True)
+    run("chroot", str(rootfs), "apt-get", "clean")
+
+
+# ---------------------------------------------------------------- network and servers
+def ensure_bridge() -> None:
+    if run("ip", "link", "show", BRIDGE, check=False).returncode != 0:
+        run("ip", "link", "add", BRIDGE, "type", "bridge")
+        run("ip", "addr", "add", f"{CONTROLLER}/24", "dev", BRIDGE)
+    run("ip", "link", "set", BRIDGE, "up")
+
+
+def start_server(name: str, argv: list[str]) -> None:
+    pidfile = STATE / f"{name}.pid"
+    if pidfile.exists() and Path(f"/proc/{pidfile.read_text().strip()}").exists():
+        return
+    logf = (STATE / f"{name}.log").open("ab")
+    proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+    pidfile.write_text(str(proc.pid))
+
+
+def start_servers() -> None:
+    hosts = sorted({h for h in (re.sub(r"^\w+://([^/:]+).*$", r"\1", uri) for uri, _ in apt_mirrors()) if h})
+    start_server(
+        "aptproxy",
+        [
+            sys.executable,
+            str(Path(__file__).with_name("aptproxy.py")),
+            "--bind",
+            CONTROLLER,
+            "--port",
+            str(APT_PORT),
+            "--cache-dir",
+            str(CACHE / "apt"),
+            *[a for h in hosts for a in ("--allow", h)],
+        ],
+    )
+    artifacts = ROOT / "artifacts"
+    artifacts.mkdir(exist_ok=True)
+    start_server(
+        "artifacts",
+        [sys.executable, "-m", "http.server", str(ARTIFACT_PORT), "--bind", CONTROLLER, "--directory", str(artifacts)],
+    )
+    for port in (APT_PORT, ARTIFACT_PORT):
+        wait_port(CONTROLLER, port, 10, f"controller service on port {port}")
+
+
+def wait_port(host: str, port: int, timeout: float, what: str) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        try:
+            with socket.create_connection((host, port), timeout=1):
+                return time.monotonic() - start
+        except OSError:
+            time.sleep(0.1)
+    raise HostError(f"{what} did not answer on {host}:{port} within {timeout:.0f}s")
+
+
+# ---------------------------------------------------------------- hosts
+def host_names(count: int) -> list[str]:
+    return [f"testhost{i}" for i in range(1, count + 1)]
+
+
+def host_ip(name: str) -> str:
+    return f"{SUBNET}.{10 + int(name.removeprefix('testhost'))}"
+
+
+def ensure_key() -> Path:
+    key = STATE / "id_ed25519"
+    if not key.exists():
+        run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "glmdeploy-test-hosts", "-f", str(key))
+    return key
+
+
+def prepare_root(name: str, golden: Path, key: Path) -> Path:
+    hdir = STATE / name
+    for sub in ("upper", "work", "merged"):
+        (hdir / sub).mkdir(parents=True, exist_ok=True)
+    merged = hdir / "merged"
+    run(
+        "mount",
+        "-t",
+        "overlay",
+        "overlay",
+        "-o",
+        f"lowerdir={golden},upperdir={hdir / 'upper'},workdir={hdir / 'work'}",
+        str(merged),
+    )
+    (merged / "etc/machine-id").write_text(run("systemd-id128", "new").stdout)
+    (merged / "etc/hostname").write_text(name + "\n")
+    (merged / "etc/hosts").write_text(f"127.0.0.1 localhost\n{host_ip(name)} {name}\n{CONTROLLER} controller\n")
+    run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(merged / "etc/ssh/ssh_host_ed25519_key"))
+    ssh = merged / "root/.ssh"
+    ssh.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (ssh / "authorized_keys").write_text(key.with_suffix(".pub").read_text())
+    (ssh / "authorized_keys").chmod(0o600)
+    return merged
+
+
+def setup_netns(name: str) -> None:
+    ns, veth = f"glm-{name}", f"v{name}"
+    run("ip", "netns", "add", ns)
+    run("ip", "link", "add", veth, "type", "veth", "peer", "name", "host0", "netns", ns)
+    run("ip", "link", "set", veth, "master", BRIDGE, "up")
+    run("ip", "-n", ns, "addr", "add", f"{host_ip(name)}/24", "dev", "host0")
+    run("ip", "-n", ns, "link", "set", "host0", "up")
+    run("ip", "-n", ns, "link", "set", "lo", "up")
+
+
+def boot(name: str, merged: Path) -> int:
+    """Start systemd-nspawn in a private mount namespace and its own cgroup; return the launcher PID."""
+    cgroups = [Path("/sys/fs/cgroup") / h / f"glmdeploy-{name}" for h in CGROUP_HIERARCHIES]
+    for cg in cgroups:
+        if cg.parent.exists():
+            cg.mkdir(exist_ok=True)
+    join = " ".join(f"echo $$ > {cg}/cgroup.procs;" for cg in cgroups if cg.exists())
+    script = (
+        f"{join} mkdir -p /run/systemd/nspawn && mount -t tmpfs tmpfs /run/systemd/nspawn && "
+        f"exec systemd-nspawn -q -D {merged} -M {name} -b --register=no --keep-unit "
+        f"--network-namespace-path=/run/netns/glm-{name} --resolv-conf=off --timezone=off --console=pipe"
+    )
+    logf = (STATE / name / "console.log").open("ab")
+    proc = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        stdin=subprocess.DEVNULL,
+        stdout=logf,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    (STATE / name / "pid").write_text(str(proc.pid))
+    return proc.pid
+
+
+def write_inventory(names: list[str], key: Path) -> Path:
+    lines = [
+        "# Written by tests/hosts/hostctl.py: throwaway test hosts, removed by `make hosts-down`.",
+        "[glmdeploy_nodes]",
+    ]
+    lines += [f"{n} ansible_host={host_ip(n)}" for n in names]
+    lines += [
+        "",
+        "[glmdeploy_nodes:vars]",
+        "ansible_user=root",
+        f"ansible_ssh_private_key_file={key}",
+        "ansible_ssh_common_args='-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR'",
+        "ansible_python_interpreter=/usr/bin/python3",
+        f"glmdeploy_artifact_url=http://{CONTROLLER}:{ARTIFACT_PORT}",
+    ]
+    inventory = STATE / "inventory.ini"
+    inventory.write_text("\n".join(lines) + "\n")
+    return inventory
+
+
+def up(count: int) -> dict[str, object]:
+    if os.geteuid() != 0:
+        raise HostError("test hosts need root (network namespaces, overlay mounts, nspawn)")
+    start = time.monotonic()
+    STATE.mkdir(parents=True, exist_ok=True)
+    golden = ensure_golden()
+    golden_s = time.monotonic() - start
+    key = ensure_key()
+    ensure_bridge()
+    start_servers()
+    names = host_names(count)
+    t0 = time.monotonic()
+    for name in names:
+        if (STATE / name / "pid").exists():
+            raise HostError(f"{name} already exists: run `make hosts-down` first")
+        merged = prepare_root(name, golden, key)
+        setup_netns(name)
+        boot(name, merged)
+    for name in names:
+        wait_port(host_ip(name), 22, 60, f"sshd on {name}")
+    for name in names:
+        wait_running(name, key)
+    created_s = time.monotonic() - t0
+    inventory = write_inventory(names, key)
+    report = {
+        "hosts": names,
+        "inventory": str(inventory),
+        "golden_s": round(golden_s, 1),
+        "create_s": round(created_s, 1),
+    }
+    (STATE / "hosts.json").write_text(json.dumps(report, indent=2))
+    log(f"{count} host(s) up in {created_s:.1f}s (golden rootfs {golden_s:.1f}s); inventory: {inventory}")
+    return report
+
+
+def ssh(name: str, key: Path, command: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+    return run(
+        "ssh",
+        "-i",
+        str(key),
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "LogLevel=ERROR",
+        "-o",
+        "BatchMode=yes",
+        f"root@{host_ip(name)}",
+        command,
+        check=check,
+    )
+
+
+def wait_running(name: str, key: Path, timeout: float = 60) -> None:
+    start, state = time.monotonic(), ""
+    while time.monotonic() - start < timeout:
+        state = ssh(name, key, "systemctl is-system-running").stdout.strip()
+        if state in ("running", "degraded"):
+            if state == "degraded":
+                failed = ssh(name, key, "systemctl --failed --no-legend --plain").stdout.strip()
+                log(f"{name}: systemd degraded: {failed}")
+            return
+        time.sleep(0.3)
+    raise HostError(f"{name}: systemd did not reach running within {timeout:.0f}s (last state: {state!r})")
+
+
+def stop_pid(pidfile: Path, timeout: float = 20) -> None:
+    if not pidfile.exists():
+        return
+    pid = int(pidfile.read_text().strip())
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pidfile.unlink()
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.2)
+    if Path(f"/proc/{pid}").exists():
+        os.killpg(pid, signal.SIGKILL)
+    pidfile.unlink()
+
+
+def down() -> None:
+    if not STATE.exists():
+        log("no test hosts")
+        return
+    for hdir in sorted(p for p in STATE.glob("testhost*") if p.is_dir()):
+        name = hdir.name
+        stop_pid(hdir / "pid")
+        run("umount", "-l", str(hdir / "merged"), check=False)
+        run("ip", "link", "del", f"v{name}", check=False)
+        run("ip", "netns", "del", f"glm-{name}", check=False)
+        for h in CGROUP_HIERARCHIES:
+            cg = Path("/sys/fs/cgroup") / h / f"glmdeploy-{name}"
+            if cg.exists():
+                remove_cgroup(cg)
+        shutil.rmtree(hdir, ignore_errors=True)
+        log(f"{name} removed")
+    for server in ("aptproxy", "artifacts"):
+        stop_pid(STATE / f"{server}.pid", timeout=5)
+    run("ip", "link", "del", BRIDGE, check=False)
+    for leftover in ("inventory.ini", "hosts.json"):
+        (STATE / leftover).unlink(missing_ok=True)
+
+
+def remove_cgroup(cg: Path) -> None:
+    for child in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            child.rmdir()
+    try:
+        cg.rmdir()
+    except OSError as exc:
+        log(f"could not remove {cg}: {exc}")
+
+
+def status() -> None:
+    for hdir in sorted(p for p in STATE.glob("testhost*") if p.is_dir()):
+        pid = (hdir / "pid").read_text().strip() if (hdir / "pid").exists() else "?"
+        alive = Path(f"/proc/{pid}").exists()
+        print(f"{hdir.name}\t{host_ip(hdir.name)}\tpid {pid}\t{'up' if alive else 'DEAD'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("up", help="create N fresh hosts and write an inventory")
+    p.add_argument("count", type=int)
+    sub.add_parser("down", help="destroy every test host and the controller-side servers")
+    sub.add_parser("status", help="list the hosts")
+    sub.add_parser("golden", help="build (or reuse) the cached golden rootfs")
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "up":
+            if not 1 <= args.count <= 20:
+                raise HostError("N must be between 1 and 20")
+            up(args.count)
+        elif args.cmd == "down":
+            down()
+        elif args.cmd == "status":
+            status()
+        else:
+            ensure_golden()
+    except HostError as exc:
+        print(f"ERROR: {exc}", file=sys.stderr)
+        return 2
+    except subprocess.CalledProcessError as exc:
+        print(f"ERROR: {' '.join(exc.cmd)} failed: {exc.stderr.strip()}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
