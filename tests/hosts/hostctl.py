@@ -359,32 +359,37 @@ def wait_running(name: str, key: Path, timeout: float = 60) -> None:
     raise HostError(f"{name}: systemd did not reach running within {timeout:.0f}s (last state: {state!r})")
 
 
-def stop_pid(pidfile: Path, timeout: float = 20) -> None:
-    if not pidfile.exists():
-        return
-    pid = int(pidfile.read_text().strip())
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pidfile.unlink()
-        return
+def stop_pids(pidfiles: list[Path], timeout: float = 30) -> None:
+    """SIGTERM every recorded process group at once (nspawn powers its host off), SIGKILL what is left."""
+    pids = {}
+    for pidfile in pidfiles:
+        if pidfile.exists():
+            pid = int(pidfile.read_text().strip())
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGTERM)
+                pids[pidfile] = pid
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in pids.values()):
+        for pid in pids.values():
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
         time.sleep(0.2)
-    if Path(f"/proc/{pid}").exists():
-        os.killpg(pid, signal.SIGKILL)
-    pidfile.unlink()
+    for pid in pids.values():
+        if Path(f"/proc/{pid}").exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+    for pidfile in pidfiles:
+        pidfile.unlink(missing_ok=True)
 
 
 def down() -> None:
     if not STATE.exists():
         log("no test hosts")
         return
-    for hdir in sorted(p for p in STATE.glob("testhost*") if p.is_dir()):
+    hosts = sorted(p for p in STATE.glob("testhost*") if p.is_dir())
+    stop_pids([hdir / "pid" for hdir in hosts])
+    for hdir in hosts:
         name = hdir.name
-        stop_pid(hdir / "pid")
         run("umount", "-l", str(hdir / "merged"), check=False)
         run("ip", "link", "del", f"v{name}", check=False)
         run("ip", "netns", "del", f"glm-{name}", check=False)
@@ -394,8 +399,7 @@ def down() -> None:
                 remove_cgroup(cg)
         shutil.rmtree(hdir, ignore_errors=True)
         log(f"{name} removed")
-    for server in ("aptproxy", "artifacts"):
-        stop_pid(STATE / f"{server}.pid", timeout=5)
+    stop_pids([STATE / "aptproxy.pid", STATE / "artifacts.pid"], timeout=5)
     run("ip", "link", "del", BRIDGE, check=False)
     for leftover in ("inventory.ini", "hosts.json"):
         (STATE / leftover).unlink(missing_ok=True)
