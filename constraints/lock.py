@@ -177,6 +177,17 @@ def verify_wheelhouse(lock: Path, wheelhouse: Path) -> list[str]:
     return problems
 
 
+def platform_args(glibc_minor: int = 35) -> list[str]:
+    """Every manylinux tag an x86_64 node with glibc 2.35 accepts (Ubuntu 22.04; Debian 12 has 2.36).
+
+    With --platform, pip takes only the tags given (no expansion to older
+    manylinux levels), so a wheel tagged manylinux2014 only would be missed.
+    """
+    tags = [f"manylinux_2_{minor}_x86_64" for minor in range(glibc_minor, 4, -1)]
+    tags += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
+    return [arg for tag in tags for arg in ("--platform", tag)]
+
+
 def cmd_wheelhouse(args: argparse.Namespace) -> None:
     lock = lock_path(args.profile, args.python)
     dest = Path(args.dest)
@@ -200,8 +211,7 @@ def cmd_wheelhouse(args: argparse.Namespace) -> None:
         str(dest),
         "--python-version",
         args.python,
-        "--platform",
-        "manylinux_2_28_x86_64",
+        *platform_args(),
         "-r",
         str(lock),
     ]
