@@ -16,13 +16,14 @@ WHEELHOUSE := $(ARTIFACTS)/wheelhouse/$(PROFILE)-py$(NODE_PY)
 N         ?= 3
 HOSTCTL   := $(TOOLS)/bin/python tests/hosts/hostctl.py
 FIXTURE   := $(ARTIFACTS)/models/chatglm3-fixture
+MODEL_DIR ?= $(if $(filter cpu,$(PROFILE)),$(FIXTURE),$(ARTIFACTS)/models/chatglm3-6b-32k)
 PYTEST_ARGS ?=
 
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
+.PHONY: tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -63,7 +64,7 @@ fixture: $(FIXTURE)/SHA256SUMS ## Generate the tiny ChatGLM3-architecture fixtur
 # The cpu profile serves the fixture; gpu-cu121 serves pre-staged real weights (see README).
 model: $(if $(filter cpu,$(PROFILE)),fixture)
 
-deploy: tools wheelhouse model ## Deploy to INVENTORY (default: this machine) and run the smoke tests
+deploy: tools $(REFENV)/.stamp wheelhouse model ## Deploy to INVENTORY (default: this machine) and run the smoke tests
 	ansible-playbook -i $(INVENTORY) playbooks/site.yml -e glmdeploy_profile=$(PROFILE) $(ANSIBLE_ARGS)
 
 undeploy: tools ## Stop the services and remove the deployment (keeps artifacts/)
@@ -95,6 +96,10 @@ hosts-down: tools ## Destroy every test host and the controller-side apt proxy a
 
 hosts-status: tools ## List the test hosts
 	$(HOSTCTL) status
+
+tokenizer-lock: $(REFENV)/.stamp model ## Record the tokenizer golden file of PROFILE's model with the pinned reference stack
+	PYTHONPATH=service $(REFENV)/bin/python -m glmdeploy.golden record $(MODEL_DIR) \
+	  $(if $(filter gpu-cu121,$(PROFILE)),--trust-remote-code) --output smoke_tests/golden/$(notdir $(MODEL_DIR)).json
 
 clean: ## Remove tool venvs and reports (keeps downloaded artifacts/)
 	rm -rf $(VENVS) reports
