@@ -23,7 +23,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
+.PHONY: verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -72,6 +72,12 @@ undeploy: tools ## Stop the services and remove the deployment (keeps artifacts/
 
 smoke: tools ## Run the smoke suite on every node of INVENTORY; reports land in reports/smoke/
 	ansible-playbook -i $(INVENTORY) playbooks/smoke.yml $(ANSIBLE_ARGS)
+
+verify: tools ## Smoke suite + fingerprint on every node of INVENTORY, then one fleet table; non-zero on any drift
+	rm -rf reports/smoke
+	ansible-playbook -i $(INVENTORY) playbooks/smoke.yml $(ANSIBLE_ARGS)
+	PYTHONPATH=service $(TOOLS)/bin/python -m glmdeploy.fleet --reports reports/smoke --root . \
+	  --models $(ARTIFACTS)/models --out reports
 
 lint: tools ## ansible-lint (production profile), yamllint, ruff, playbook syntax check
 	yamllint -s .

@@ -14,6 +14,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_CONFIG = Path("/etc/glmdeploy/node.json")
+#: Measured figures, printed at the end of the run and saved to reports/e2e-figures.json.
+FIGURES: dict[str, object] = {}
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not FIGURES:
+        return
+    terminalreporter.section("measured figures (this machine)")
+    for key, value in FIGURES.items():
+        terminalreporter.write_line(f"{key}: {value}")
+    out = ROOT / "reports" / "e2e-figures.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(FIGURES, indent=2) + "\n")
 
 
 def make(*args: str, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
@@ -64,6 +77,7 @@ def deployed() -> dict:
     assert cold.returncode == 0, "make deploy failed"
     assert "UI:" in cold.stdout and "API:" in cold.stdout and "smoke:" in cold.stdout
     node = json.loads(NODE_CONFIG.read_text())
+    FIGURES["make deploy, first in this run (s)"] = round(cold.elapsed, 1)  # type: ignore[attr-defined]
     yield {"node": node, "cold_s": cold.elapsed, "cold_out": cold.stdout}  # type: ignore[attr-defined]
     down = make("undeploy")
     assert down.returncode == 0, "make undeploy failed"

@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, http_json, make, service_pids
+from conftest import FIGURES, ROOT, http_json, make, service_pids
 
 FIXTURE = ROOT / "artifacts" / "models" / "chatglm3-fixture"
 WHEELHOUSE = ROOT / "artifacts" / "wheelhouse" / "cpu-py311"
@@ -34,7 +34,28 @@ def test_second_deploy_changes_nothing_and_keeps_services_running(deployed):
     recap = re.search(r"localhost\s*:\s*ok=\d+\s+changed=(\d+)", again.stdout)
     assert recap and recap.group(1) == "0", f"second deploy changed something: {recap and recap.group(0)}"
     assert service_pids() == before and all(before.values()), "a service was restarted by a no-op deploy"
-    print(f"\nDEPLOY TIMES: cold-or-current {deployed['cold_s']:.1f}s, re-run {again.elapsed:.1f}s")
+    FIGURES["make deploy, re-run with changed=0 (s)"] = round(again.elapsed, 1)
+
+
+def test_verify_passes_on_the_freshly_deployed_node(deployed):
+    proc = make("verify")
+    assert proc.returncode == 0, "make verify failed on a clean node"
+    assert "| lock |" in proc.stdout and "All hosts identical and matching the lock." in proc.stdout
+    assert (ROOT / "reports" / "verify.json").exists()
+    FIGURES["make verify, 1 host (s)"] = round(proc.elapsed, 1)
+
+
+def test_verify_names_the_host_and_package_that_drifted(deployed):
+    site = next(Path("/opt/glmdeploy/current/venv/lib").glob("python3.*/site-packages"))
+    intruder = site / "glmdeploy_intruder-9.9.dist-info"
+    intruder.mkdir()
+    try:
+        (intruder / "METADATA").write_text("Metadata-Version: 2.1\nName: glmdeploy-intruder\nVersion: 9.9\n")
+        proc = make("verify")
+    finally:
+        shutil.rmtree(intruder)
+    assert proc.returncode != 0
+    assert "localhost: packages: not the lock: glmdeploy-intruder 9.9 (not in lock)" in proc.stdout
 
 
 def test_streamed_completion_returns_fixture_tokens(deployed):
@@ -64,7 +85,7 @@ def test_streamed_completion_returns_fixture_tokens(deployed):
                 ids += choice.get("token_ids") or []
     assert len([p for p in pieces if p]) >= 5, "reply did not stream"
     assert "".join(pieces).strip() and len(set(ids)) > 5 and max(ids) < 64789
-    print(f"\nTTFT (streamed /v1/completions, 9-token prompt): {first * 1000:.0f} ms")
+    FIGURES["time to first token, streamed /v1/completions, 9-token prompt (ms)"] = round(first * 1000)
 
 
 def test_streamed_chat_completion_through_the_openai_api(deployed):
@@ -222,7 +243,8 @@ def test_service_memory_and_venv_size_are_reported(deployed):
         text=True,
         check=True,
     ).stdout.split()[0]
-    print(f"\nRSS MiB (process + direct children): {rss}; venv size: {venv} MiB")
+    FIGURES["RSS MiB (service process + direct children)"] = {k: round(v) for k, v in rss.items()}
+    FIGURES["venv size (MiB)"] = int(venv)
     assert all(v > 0 for v in rss.values())
 
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import make
+from conftest import FIGURES, make
 
 STATE = Path("/var/lib/glmdeploy-hosts")
 KEY = STATE / "id_ed25519"
@@ -83,7 +83,8 @@ def fleet():
         yield {"inventory": inventory, "timings": timings, "peak": peak}
     finally:
         peak.stop.set()
-        print(f"\nFLEET FIGURES: {timings}, peak memory used {peak.peak_mib:.0f} MiB")
+        FIGURES["3-host fleet (s)"] = timings
+        FIGURES["peak memory used during the fleet test (MiB)"] = round(peak.peak_mib)
         make("hosts-down")
 
 
@@ -104,6 +105,13 @@ def test_second_deploy_reports_no_change_on_any_host(fleet):
     rows = recap(proc.stdout)
     assert proc.returncode == 0
     assert {h: r["changed"] for h, r in rows.items()} == dict.fromkeys(HOSTS, 0)
+
+
+def test_verify_prints_one_table_for_the_identical_fleet(fleet):
+    proc = make("verify", f"INVENTORY={fleet['inventory']}", timeout=600)
+    fleet["timings"]["verify_3_hosts_s"] = round(proc.elapsed, 1)
+    assert proc.returncode == 0, "make verify found differences on a freshly deployed fleet"
+    assert "| field | testhost1 | testhost2 | testhost3 |" in proc.stdout
 
 
 @pytest.mark.parametrize("host", HOSTS)

@@ -1,0 +1,109 @@
+"""Fingerprint of a deployed node: what is really installed and running, as comparable hashes.
+
+Why: "identical nodes" is a claim that must be checked field by field after
+every upgrade. Each field here is read from the node itself (not from what
+the deploy intended), so `make verify` can put the fleet side by side and
+name the host and the field that differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from glmdeploy.config import NodeConfig
+from glmdeploy.manifest import file_sha256
+
+UNIT_GLOBS = ("/etc/systemd/system/glmdeploy-*.service", "/etc/glmdeploy/supervisor.d/*.conf")
+
+
+def _os_release() -> str:
+    path = Path("/etc/os-release")
+    if not path.exists():
+        return "unknown"
+    fields = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    return fields.get("PRETTY_NAME", "unknown").strip('"')
+
+
+def _driver() -> str:
+    path = Path("/proc/driver/nvidia/version")
+    if not path.exists():
+        return "none"
+    first = path.read_text().splitlines()[0]
+    return next((w for w in first.split() if w.count(".") >= 1 and w.replace(".", "").isdigit()), first)
+
+
+def _cuda() -> str:
+    """CUDA runtime the environment ships (from the installed wheels' metadata; no torch import)."""
+    for dist in ("nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "none"
+
+
+def installed_packages() -> dict[str, str]:
+    return {
+        (dist.metadata["Name"] or "").lower().replace("_", "-"): dist.version
+        for dist in metadata.distributions()
+        if dist.metadata["Name"]
+    }
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _file_digest(path: Path) -> str:
+    return file_sha256(path)[:16] if path.exists() else "missing"
+
+
+def collect(node: NodeConfig, release: Path, golden_dir: Path) -> dict[str, object]:
+    packages = installed_packages()
+    units = sorted(p for pattern in UNIT_GLOBS for p in Path("/").glob(pattern.lstrip("/")))
+    model = Path(node.model_dir)
+    return {
+        "os": _os_release(),
+        "kernel": platform.release(),
+        "driver": _driver(),
+        "cuda": _cuda(),
+        "python": platform.python_version(),
+        "profile": node.profile,
+        "release": release.resolve().name,
+        "lock": _file_digest(release / "requirements.lock"),
+        "packages": _digest("\n".join(f"{k}=={v}" for k, v in sorted(packages.items()))),
+        "model": model.name,
+        "model_manifest": _file_digest(model / "SHA256SUMS"),
+        "tokenizer_golden": _file_digest(golden_dir / f"{model.name}.json"),
+        "units": _digest("\n".join(f"{p.name} {file_sha256(p)}" for p in units)),
+        "dtype": json.loads((model / "config.json").read_text()).get("torch_dtype", "unknown"),
+        "_package_versions": packages,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m glmdeploy.fingerprint", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="node config (default: /etc/glmdeploy/node.json)")
+    parser.add_argument(
+        "--release", type=Path, default=Path(os.environ.get("GLMDEPLOY_RELEASE", "/opt/glmdeploy/current"))
+    )
+    parser.add_argument("--golden-dir", type=Path, default=Path("/opt/glmdeploy/smoke_tests/golden"))
+    parser.add_argument("--output", type=Path)
+    args = parser.parse_args(argv)
+    text = json.dumps(collect(NodeConfig.load(args.config), args.release, args.golden_dir), indent=2, sort_keys=True)
+    if args.output:
+        args.output.write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

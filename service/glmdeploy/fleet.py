@@ -1,0 +1,156 @@
+"""Fleet report for `make verify`: one table, a column per host, every difference marked.
+
+Why: the anchors print versions per node and leave the comparing to people.
+Here each host's fingerprint and smoke results (collected by the smoke role)
+are checked against what the control node pinned (lock, model manifest,
+tokenizer golden file, fp16) and against each other; the exit status says
+whether the fleet is identical and right.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+#: Installed alongside any venv, not part of a lock.
+VENV_SEED_PACKAGES = {"pip", "setuptools", "wheel"}
+FIELDS = (
+    "os",
+    "kernel",
+    "driver",
+    "cuda",
+    "python",
+    "profile",
+    "release",
+    "lock",
+    "packages",
+    "model_manifest",
+    "tokenizer_golden",
+    "units",
+    "dtype",
+    "smoke",
+)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.exists() else "missing"
+
+
+def _lock_module(root: Path) -> Any:
+    spec = importlib.util.spec_from_file_location("kit_lock", root / "constraints" / "lock.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def expected_for(fp: dict[str, Any], root: Path, model_root: Path) -> dict[str, str]:
+    py = "".join(fp["python"].split(".")[:2])
+    model = fp.get("model", "")
+    return {
+        "lock": _digest(root / "constraints" / f"{fp['profile']}-py{py}.txt"),
+        "model_manifest": _digest(model_root / model / "SHA256SUMS"),
+        "tokenizer_golden": _digest(root / "smoke_tests" / "golden" / f"{model}.json"),
+        "dtype": "float16",
+    }
+
+
+def package_drift(fp: dict[str, Any], root: Path) -> list[str]:
+    py = "".join(fp["python"].split(".")[:2])
+    lock = _lock_module(root)
+    pinned = {n: v for n, (v, _) in lock.parse_lock(lock.lock_path(fp["profile"], f"{py[0]}.{py[1:]}")).items()}
+    installed = {lock.normalise(n): v for n, v in fp.get("_package_versions", {}).items()}
+    drift = [
+        f"{n} {installed.get(n, 'missing')} (lock {v})" for n, v in sorted(pinned.items()) if installed.get(n) != v
+    ]
+    drift += [
+        f"{n} {v} (not in lock)"
+        for n, v in sorted(installed.items())
+        if n not in pinned and n not in VENV_SEED_PACKAGES
+    ]
+    return drift
+
+
+def build(reports: Path, root: Path, model_root: Path) -> dict[str, Any]:
+    hosts: dict[str, dict[str, Any]] = {}
+    for host_dir in sorted(p for p in reports.iterdir() if p.is_dir()):
+        fp_file, smoke_file = host_dir / "fingerprint.json", host_dir / "smoke.json"
+        if not fp_file.exists():
+            continue
+        fp = json.loads(fp_file.read_text())
+        smoke = json.loads(smoke_file.read_text()) if smoke_file.exists() else {"counts": {}}
+        c = smoke.get("counts", {})
+        fp["smoke"] = f"{c.get('passed', 0)} passed, {c.get('failed', 0)} failed, {c.get('skipped', 0)} skipped"
+        hosts[host_dir.name] = fp
+    problems: list[str] = []
+    marks: dict[str, dict[str, str]] = {h: {} for h in hosts}
+    for field in FIELDS:
+        values = Counter(str(fp.get(field)) for fp in hosts.values())
+        majority = values.most_common(1)[0][0] if values else ""
+        for host, fp in hosts.items():
+            if len(values) > 1 and str(fp.get(field)) != majority:
+                marks[host][field] = "differs from other hosts"
+    for host, fp in hosts.items():
+        for field, want in expected_for(fp, root, model_root).items():
+            if str(fp.get(field)) != want:
+                marks[host][field] = f"expected {want}"
+        drift = package_drift(fp, root)
+        if drift:
+            marks[host]["packages"] = "not the lock: " + "; ".join(drift[:8]) + (" ..." if len(drift) > 8 else "")
+        if " 0 failed" not in fp["smoke"]:
+            marks[host]["smoke"] = "smoke tests failed"
+        problems += [f"{host}: {field}: {why}" for field, why in marks[host].items()]
+    return {
+        "generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "hosts": hosts,
+        "marks": marks,
+        "problems": problems,
+    }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    hosts = list(report["hosts"])
+    lines = ["| field | " + " | ".join(hosts) + " |", "|---|" + "---|" * len(hosts)]
+    for field in FIELDS:
+        cells = []
+        for host in hosts:
+            value = str(report["hosts"][host].get(field))
+            cells.append(f"**{value}** (!)" if field in report["marks"][host] else value)
+        lines.append(f"| {field} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines += [f"- (!) {p}" for p in report["problems"]] or ["All hosts identical and matching the lock."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m glmdeploy.fleet", description=__doc__.splitlines()[0])
+    parser.add_argument("--reports", type=Path, required=True, help="per-host report directories (reports/smoke)")
+    parser.add_argument("--root", type=Path, required=True, help="the kit checkout (locks, golden files)")
+    parser.add_argument("--models", type=Path, required=True, help="model directories on the control node")
+    parser.add_argument("--out", type=Path, required=True, help="where verify.md and verify.json are written")
+    args = parser.parse_args(argv)
+    if not args.reports.is_dir():
+        print(f"ERROR: no reports in {args.reports}: run the smoke suite first (make verify does)", file=sys.stderr)
+        return 2
+    report = build(args.reports, args.root, args.models)
+    if not report["hosts"]:
+        print(f"ERROR: no host fingerprints in {args.reports}", file=sys.stderr)
+        return 2
+    text = markdown(report)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "verify.md").write_text(text)
+    (args.out / "verify.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    print(text)
+    print(f"report: {args.out / 'verify.md'} and verify.json")
+    return 1 if report["problems"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import lock  # constraints/lock.py
+import pytest
+
+from glmdeploy.fleet import build, main, markdown
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+@pytest.fixture
+def fleet(tmp_path, fixture_dir):
+    """Two hosts whose fingerprints match the control node's lock, manifest and golden file."""
+    models = tmp_path / "models"
+    shutil.copytree(fixture_dir, models / "chatglm3-fixture")
+    pins = {n: v for n, (v, _) in lock.parse_lock(lock.lock_path("cpu", "3.11")).items()}
+    base = {
+        "os": "Debian GNU/Linux 12 (bookworm)",
+        "kernel": "6.1",
+        "driver": "none",
+        "cuda": "none",
+        "python": "3.11.2",
+        "profile": "cpu",
+        "release": "cpu-py311-abc",
+        "model": "chatglm3-fixture",
+        "lock": digest(ROOT / "constraints" / "cpu-py311.txt"),
+        "packages": "p1",
+        "units": "u1",
+        "dtype": "float16",
+        "model_manifest": digest(fixture_dir / "SHA256SUMS"),
+        "tokenizer_golden": digest(ROOT / "smoke_tests" / "golden" / "chatglm3-fixture.json"),
+        "_package_versions": dict(pins, pip="23.0"),
+    }
+    reports = tmp_path / "reports"
+    for host in ("node1", "node2"):
+        (reports / host).mkdir(parents=True)
+        (reports / host / "fingerprint.json").write_text(json.dumps(base))
+        (reports / host / "smoke.json").write_text(json.dumps({"counts": {"passed": 20, "failed": 0}}))
+    return reports, models
+
+
+def edit(reports, host, **changes):
+    path = reports / host / "fingerprint.json"
+    fp = json.loads(path.read_text())
+    fp.update(changes)
+    path.write_text(json.dumps(fp))
+
+
+def test_clean_fleet_has_no_problems(fleet):
+    reports, models = fleet
+    report = build(reports, ROOT, models)
+    assert report["problems"] == []
+    assert "All hosts identical" in markdown(report)
+
+
+def test_package_changed_on_one_host_names_host_field_and_package(fleet):
+    reports, models = fleet
+    fp = json.loads((reports / "node2" / "fingerprint.json").read_text())
+    edit(reports, "node2", packages="p2", _package_versions=dict(fp["_package_versions"], streamlit="0.1"))
+    problems = build(reports, ROOT, models)["problems"]
+    assert any(p.startswith("node2: packages: not the lock: streamlit 0.1 (lock ") for p in problems)
+    assert not any(p.startswith("node1") for p in problems)
+
+
+def test_float32_model_and_changed_model_file_are_named(fleet):
+    reports, models = fleet
+    edit(reports, "node1", dtype="float32")
+    edit(reports, "node2", model_manifest="0000000000000000")
+    problems = build(reports, ROOT, models)["problems"]
+    assert "node1: dtype: expected float16" in problems
+    assert any(p.startswith("node2: model_manifest: expected ") for p in problems)
+
+
+def test_failed_smoke_and_changed_tokenizer_golden_fail_verify(fleet, tmp_path):
+    reports, models = fleet
+    (reports / "node1" / "smoke.json").write_text(json.dumps({"counts": {"passed": 19, "failed": 1}}))
+    edit(reports, "node2", tokenizer_golden="ffff")
+    assert (
+        main(["--reports", str(reports), "--root", str(ROOT), "--models", str(models), "--out", str(tmp_path / "out")])
+        == 1
+    )
+    text = (tmp_path / "out" / "verify.md").read_text()
+    assert "node1: smoke: smoke tests failed" in text and "node2: tokenizer_golden: expected" in text
