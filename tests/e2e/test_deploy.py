@@ -58,6 +58,18 @@ def test_verify_names_the_host_and_package_that_drifted(deployed):
     assert "localhost: packages: not the lock: glmdeploy-intruder 9.9 (not in lock)" in proc.stdout
 
 
+def stream_choices(url: str, body: dict):
+    """POST a streaming request and yield (seconds since send, choice) for every server-sent choice."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    start = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        for raw in resp:
+            line = raw.decode().strip()
+            if line.startswith("data:") and line != "data: [DONE]":
+                for choice in json.loads(line[5:])["choices"]:
+                    yield time.perf_counter() - start, choice
+
+
 def test_streamed_completion_returns_fixture_tokens(deployed):
     body = {
         "model": deployed["node"]["served_model_name"],
@@ -68,21 +80,12 @@ def test_streamed_completion_returns_fixture_tokens(deployed):
         "stop_token_ids": [2, 64795, 64797],
         "return_token_ids": True,
     }
-    req = urllib.request.Request(
-        api(deployed) + "/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    start = time.perf_counter()
     first, pieces, ids = None, [], []
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        for raw in resp:
-            line = raw.decode().strip()
-            if not line.startswith("data:") or line == "data: [DONE]":
-                continue
-            for choice in json.loads(line[5:])["choices"]:
-                if choice.get("text") and first is None:
-                    first = time.perf_counter() - start
-                pieces.append(choice.get("text") or "")
-                ids += choice.get("token_ids") or []
+    for elapsed, choice in stream_choices(api(deployed) + "/completions", body):
+        if choice.get("text") and first is None:
+            first = elapsed
+        pieces.append(choice.get("text") or "")
+        ids += choice.get("token_ids") or []
     assert len([p for p in pieces if p]) >= 5, "reply did not stream"
     assert "".join(pieces).strip() and len(set(ids)) > 5 and max(ids) < 64789
     FIGURES["time to first token, streamed /v1/completions, 9-token prompt (ms)"] = round(first * 1000)
@@ -96,17 +99,7 @@ def test_streamed_chat_completion_through_the_openai_api(deployed):
         "ignore_eos": True,
         "messages": [{"role": "user", "content": "Hello"}],
     }
-    req = urllib.request.Request(
-        api(deployed) + "/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    deltas = []
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        for raw in resp:
-            line = raw.decode().strip()
-            if line.startswith("data:") and line != "data: [DONE]":
-                deltas += [c["delta"].get("content") or "" for c in json.loads(line[5:])["choices"]]
+    deltas = [c["delta"].get("content") or "" for _, c in stream_choices(api(deployed) + "/chat/completions", body)]
     assert len([d for d in deltas if d]) >= 5 and "".join(deltas).strip()
 
 
@@ -197,13 +190,10 @@ def test_tampered_model_file_is_named_and_nothing_changes(deployed, tmp_path):
         fh.write(b"#")
     proc = make("deploy", f"ANSIBLE_ARGS=-e model_source_dir={bad}")
     _failed_with(proc, "model file changed: tokenizer.json", "fix:")
-    (bad / "config.json").unlink()
-    proc = make("deploy", f"ANSIBLE_ARGS=-e model_source_dir={bad}")
-    _failed_with(proc, "missing model file: config.json")
-    _still_serving(deployed, before)
+    _still_serving(deployed, before)  # a missing model file: tests/unit/test_manifest.py
 
 
-def test_missing_or_tampered_wheel_is_named_and_nothing_changes(deployed, tmp_path):
+def test_missing_wheel_is_named_and_nothing_changes(deployed, tmp_path):
     before = service_pids()
     house = tmp_path / "wh"
     house.mkdir()
@@ -213,10 +203,7 @@ def test_missing_or_tampered_wheel_is_named_and_nothing_changes(deployed, tmp_pa
     victim.unlink()
     proc = make("deploy", f"ANSIBLE_ARGS=-e glmdeploy_wheelhouse_dir={house}")
     _failed_with(proc, "missing wheel: supervisor==", "make wheelhouse PROFILE=cpu")
-    victim.write_bytes(b"not the wheel you locked")
-    proc = make("deploy", f"ANSIBLE_ARGS=-e glmdeploy_wheelhouse_dir={house}")
-    _failed_with(proc, f"tampered wheel: {victim.name}")
-    _still_serving(deployed, before)
+    _still_serving(deployed, before)  # a tampered wheel: tests/unit/test_locks.py
 
 
 def test_unsupported_python_is_named_with_a_fix(deployed, tmp_path):

@@ -11,41 +11,24 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from conftest import FIGURES, make
+from conftest import FIGURES, ROOT, make
 
-STATE = Path("/var/lib/glmdeploy-hosts")
+sys.path.insert(0, str(ROOT / "tests" / "hosts"))
+import hostctl
+
+STATE = hostctl.STATE
 KEY = STATE / "id_ed25519"
 HOSTS = ["testhost1", "testhost2", "testhost3"]
 
 
 def on_host(host: str, command: str) -> subprocess.CompletedProcess[str]:
-    ip = f"10.77.0.{10 + int(host.removeprefix('testhost'))}"
-    return subprocess.run(
-        [
-            "ssh",
-            "-i",
-            str(KEY),
-            "-o",
-            "StrictHostKeyChecking=no",
-            "-o",
-            "UserKnownHostsFile=/dev/null",
-            "-o",
-            "LogLevel=ERROR",
-            "-o",
-            "BatchMode=yes",
-            f"root@{ip}",
-            command,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return hostctl.ssh(host, KEY, command)
 
 
 def recap(output: str) -> dict[str, dict[str, int]]:

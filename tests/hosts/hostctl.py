@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -102,6 +103,14 @@ def golden_dir() -> Path:
 
 
 def ensure_golden() -> Path:
+    """Build the golden rootfs once; a second caller (CI prefetches it in the background) waits for the first."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with (CACHE / ".golden.lock").open("w") as lockf:
+        fcntl.flock(lockf, fcntl.LOCK_EX)
+        return _build_golden()
+
+
+def _build_golden() -> Path:
     golden = golden_dir()
     rootfs = golden / "rootfs"
     if (golden / "ready").exists():
