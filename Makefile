@@ -81,7 +81,7 @@ verify: tools ## Smoke suite + fingerprint on every node of INVENTORY, then one 
 
 lint: tools ## ansible-lint (production profile), yamllint, ruff, playbook syntax check
 	yamllint -s .
-	ansible-lint --profile production --strict playbooks roles
+	ansible-lint --profile production --strict playbooks roles tests/scenarios
 	ansible-playbook -i playbooks/localhost.ini --syntax-check playbooks/site.yml playbooks/undeploy.yml playbooks/smoke.yml
 	ruff check service smoke_tests tests constraints roles
 	ruff format --check service smoke_tests tests constraints roles
