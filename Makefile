@@ -18,12 +18,17 @@ HOSTCTL   := $(TOOLS)/bin/python tests/hosts/hostctl.py
 FIXTURE   := $(ARTIFACTS)/models/chatglm3-fixture
 MODEL_DIR ?= $(if $(filter cpu,$(PROFILE)),$(FIXTURE),$(ARTIFACTS)/models/chatglm3-6b-32k)
 PYTEST_ARGS ?=
+# make bench: the endpoint (default: this machine's deployed node) and extra bench arguments.
+NODE_CONFIG ?= /etc/glmdeploy/node.json
+URL       ?=
+MODEL     ?= chatglm3-6b-32k
+BENCH_ARGS ?=
 
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
+.PHONY: bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -73,18 +78,27 @@ undeploy: tools ## Stop the services and remove the deployment (keeps artifacts/
 smoke: tools ## Run the smoke suite on every node of INVENTORY; reports land in reports/smoke/
 	ansible-playbook -i $(INVENTORY) playbooks/smoke.yml $(ANSIBLE_ARGS)
 
+bench: tools ## Benchmark this node's server (or URL=... MODEL=...); JSON + PNG plots in reports/bench/ (BENCH_ARGS=...)
+	PYTHONPATH=service $(TOOLS)/bin/python -m glmdeploy.bench run \
+	  $(if $(URL),--url $(URL) --model $(MODEL),--node-config $(NODE_CONFIG)) \
+	  --json reports/bench/bench.json --plots reports/bench $(BENCH_ARGS)
+
+baseline: tools ## Record the throughput baseline of INVENTORY's first node (smoke_tests/baselines/<profile>-<class>.json)
+	ansible-playbook -i $(INVENTORY) playbooks/baseline.yml $(ANSIBLE_ARGS)
+
 verify: tools ## Smoke suite + fingerprint on every node of INVENTORY, then one fleet table; non-zero on any drift
 	rm -rf reports/smoke
-	ansible-playbook -i $(INVENTORY) playbooks/smoke.yml $(ANSIBLE_ARGS)
-	PYTHONPATH=service $(TOOLS)/bin/python -m glmdeploy.fleet --reports reports/smoke --root . \
-	  --models $(ARTIFACTS)/models --out reports
+	@# The fleet table is printed even when a node's smoke suite failed: it names what drifted.
+	@rc=0; ansible-playbook -i $(INVENTORY) playbooks/smoke.yml $(ANSIBLE_ARGS) || rc=$$?; \
+	  PYTHONPATH=service $(TOOLS)/bin/python -m glmdeploy.fleet --reports reports/smoke --root . \
+	  --models $(ARTIFACTS)/models --out reports || rc=$$?; exit $$rc
 
 lint: tools ## ansible-lint (production profile), yamllint, ruff, playbook syntax check
 	yamllint -s .
 	ansible-lint --profile production --strict playbooks roles tests/scenarios
 	ansible-playbook -i playbooks/localhost.ini --syntax-check playbooks/site.yml playbooks/undeploy.yml playbooks/smoke.yml
-	ruff check service smoke_tests tests constraints roles
-	ruff format --check service smoke_tests tests constraints roles
+	ruff check service smoke_tests tests constraints roles plugins
+	ruff format --check service smoke_tests tests constraints roles plugins
 
 unit: tools $(REFENV)/.stamp fixture ## Unit tests of service/ and the lock tooling
 	PYTHONPATH=service $(REFENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)

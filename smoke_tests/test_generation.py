@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from glmdeploy import chatglm3
 from glmdeploy.client import ApiClient
 from glmdeploy.config import NodeConfig
@@ -59,6 +61,37 @@ def test_openai_chat_endpoint_streams(client: ApiClient, node: NodeConfig) -> No
 def test_client_always_sends_chatglm3_stop_ids(client: ApiClient) -> None:
     body = client.completion_body([1], 1, 0.0, 1.0, stream=True)
     assert body["stop_token_ids"] == [chatglm3.EOS_ID, 64795, 64797]
+
+
+# Forcing one token with a large logit bias makes the model emit it at the first step,
+# whatever its weights: the reply must then end right there, because the kit sends
+# ChatGLM3's stop ids. Without them the server would repeat the token up to max_tokens.
+FORCE = 100.0
+
+
+@pytest.mark.parametrize("stop_id", chatglm3.STOP_TOKEN_IDS, ids=lambda i: f"id{i}")
+def test_generation_stops_at_chatglm3_stop_id(client: ApiClient, builder: PromptBuilder, stop_id: int) -> None:
+    prompt = builder.chat_ids([{"role": "user", "content": "hi"}])
+    result = client.complete(
+        prompt, max_tokens=8, temperature=0.0, stream=False, extra={"logit_bias": {str(stop_id): FORCE}}
+    )
+    assert result.finish_reason == "stop", (
+        f"forced stop id {stop_id}: finish_reason={result.finish_reason}, "
+        f"{result.completion_tokens} tokens; the server does not stop at ChatGLM3's stop ids"
+    )
+    assert (result.completion_tokens or 0) <= 1, f"{result.completion_tokens} tokens generated after stop id {stop_id}"
+
+
+def test_forced_plain_token_runs_to_max_tokens(client: ApiClient, builder: PromptBuilder) -> None:
+    """The control for the stop test: the same forcing with an ordinary id does not stop early."""
+    plain_id = builder.text_ids("hello")[-1]
+    prompt = builder.chat_ids([{"role": "user", "content": "hi"}])
+    result = client.complete(
+        prompt, max_tokens=8, temperature=0.0, stream=False, extra={"logit_bias": {str(plain_id): FORCE}}
+    )
+    assert result.finish_reason == "length" and result.completion_tokens == 8, (
+        f"forced plain id {plain_id}: finish_reason={result.finish_reason}, {result.completion_tokens} tokens"
+    )
 
 
 def test_models_endpoint_lists_the_served_model(client: ApiClient, node: NodeConfig) -> None:

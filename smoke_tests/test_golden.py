@@ -20,4 +20,9 @@ def test_serving_tokenizer_matches_the_golden_file(node: NodeConfig) -> None:
     config = json.loads(Path(node.model_dir, "config.json").read_text())
     current = record(node.model_dir, trust_remote_code=config.get("auto_map") is not None)
     drift = compare(json.loads(golden_file.read_text()), current, label="serving stack")
-    assert not drift, "tokenizer drift against " + golden_file.name + ":\n" + "\n".join(drift)
+    # First line names the first differences (the fleet table shows it); the rest follow one per line.
+    assert not drift, (
+        f"tokenizer drift against {golden_file.name}: {'; '.join(drift[:2])}\n"
+        + "\n".join(drift)
+        + "\nfix: if the new tokenizer is intended, re-record the golden file with `make tokenizer-lock`"
+    )

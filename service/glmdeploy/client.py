@@ -34,6 +34,7 @@ class Completion:
     finish_reason: str | None = None
     first_token_s: float | None = None
     chunks: int = 0
+    completion_tokens: int | None = None
 
 
 @dataclass
@@ -134,17 +135,23 @@ class ApiClient:
         top_p: float = 0.8,
         stream: bool = True,
         ignore_eos: bool = False,
+        extra: dict[str, Any] | None = None,
     ) -> Completion:
-        """Run one generation and collect text, token ids (where the server reports them) and timing."""
+        """Run one generation and collect text, token ids (where the server reports them) and timing.
+
+        `extra` adds request fields (e.g. `logit_bias`, `seed`) without a parameter for each.
+        """
         body = self.completion_body(prompt_ids, max_tokens, temperature, top_p, stream, ignore_eos)
         body["return_token_ids"] = True
+        body.update(extra or {})
         result = Completion()
         start = time.perf_counter()
-        choices = (
-            self._stream_choices(body)
-            if stream
-            else iter(json.loads(self._request("POST", "/completions", body).read()).get("choices", []))
-        )
+        if stream:
+            choices = self._stream_choices(body)
+        else:
+            response = json.loads(self._request("POST", "/completions", body).read())
+            result.completion_tokens = (response.get("usage") or {}).get("completion_tokens")
+            choices = iter(response.get("choices", []))
         for choice in choices:
             if result.first_token_s is None and choice.get("text"):
                 result.first_token_s = time.perf_counter() - start

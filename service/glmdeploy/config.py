@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_PATH = Path("/etc/glmdeploy/node.json")
@@ -25,10 +25,17 @@ class NodeConfig:
     dtype: str
     ui_url: str = ""
     api_key: str = ""
+    # The profile's GPU requirements (min_driver, min_memory_mib); empty on GPU-less profiles.
+    gpu: dict[str, object] = field(default_factory=dict)
+
+    @staticmethod
+    def path(path: str | Path | None = None) -> Path:
+        """Where the node's settings are read from: the argument, $GLMDEPLOY_NODE_CONFIG, or /etc."""
+        return Path(path or os.environ.get(ENV_VAR) or DEFAULT_PATH)
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> NodeConfig:
-        source = Path(path or os.environ.get(ENV_VAR) or DEFAULT_PATH)
+        source = cls.path(path)
         data = json.loads(source.read_text(encoding="utf-8"))
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})

@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 
 from glmdeploy.config import NodeConfig
-from glmdeploy.manifest import file_sha256
+from glmdeploy.manifest import check_manifest, file_sha256
 
 UNIT_GLOBS = ("/etc/systemd/system/glmdeploy-*.service", "/etc/glmdeploy/supervisor.d/*.conf")
 
@@ -81,6 +81,8 @@ def collect(node: NodeConfig, release: Path, golden_dir: Path) -> dict[str, obje
         "packages": _digest("\n".join(f"{k}=={v}" for k, v in sorted(packages.items()))),
         "model": model.name,
         "model_manifest": _file_digest(model / "SHA256SUMS"),
+        # The files themselves, re-hashed now: a file edited in place leaves the manifest unchanged.
+        "model_files": "; ".join(check_manifest(model)) or "match manifest",
         "tokenizer_golden": _file_digest(golden_dir / f"{model.name}.json"),
         "units": _digest("\n".join(f"{p.name} {file_sha256(p)}" for p in units)),
         "dtype": json.loads((model / "config.json").read_text()).get("torch_dtype", "unknown"),

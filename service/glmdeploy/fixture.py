@@ -204,12 +204,27 @@ def build_weights() -> dict[str, object]:
     return w
 
 
+#: The real ChatGLM3-6B-32k sizes (shared/reference), for runs with random weights made by the engine
+#: itself (vLLM `--load-format dummy`): the GPU smoke checks and benchmarks of the architecture.
+FULL_SIZE: dict[str, object] = {
+    "_name_or_path": "glmdeploy/chatglm3-6b-32k-architecture",
+    "ffn_hidden_size": 13696,
+    "hidden_size": 4096,
+    "kv_channels": 128,
+    "num_attention_heads": 32,
+    "num_layers": 28,
+}
+
+
 def _dump(path: Path, data: dict[str, object]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def generate(dest: Path) -> None:
-    """Write the fixture into a scratch dir, then rename: a crash never leaves half a model."""
+def generate(dest: Path, full_size: bool = False) -> None:
+    """Write the fixture into a scratch dir, then rename: a crash never leaves half a model.
+
+    full_size: the real model's sizes and no weight file (the engine makes random ones).
+    """
     from safetensors.numpy import save_file
 
     dest = dest.resolve()
@@ -228,9 +243,10 @@ def generate(dest: Path) -> None:
                 "additional_special_tokens": list(chatglm3.SPECIAL_TOKENS),
             },
         )
-        print("==> writing random fp16 weights", flush=True)
-        save_file(build_weights(), str(work / "model.safetensors"), metadata={"format": "pt"})  # type: ignore[arg-type]
-        _dump(work / "config.json", CONFIG)
+        if not full_size:
+            print("==> writing random fp16 weights", flush=True)
+            save_file(build_weights(), str(work / "model.safetensors"), metadata={"format": "pt"})  # type: ignore[arg-type]
+        _dump(work / "config.json", {**CONFIG, **FULL_SIZE} if full_size else CONFIG)
         _dump(
             work / "generation_config.json",
             {
@@ -262,8 +278,13 @@ def main(argv: list[str] | None = None) -> int:
         description="Generate the deterministic tiny ChatGLM3-architecture fixture model.",
     )
     parser.add_argument("dest", type=Path, help="directory to write (replaced atomically if present)")
+    parser.add_argument(
+        "--full-size",
+        action="store_true",
+        help="ChatGLM3-6B-32k's real sizes, no weights: for GPU runs with vLLM --load-format dummy",
+    )
     args = parser.parse_args(argv)
-    generate(args.dest)
+    generate(args.dest, full_size=args.full_size)
     return 0
 
 

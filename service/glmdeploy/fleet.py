@@ -32,6 +32,7 @@ FIELDS = (
     "lock",
     "packages",
     "model_manifest",
+    "model_files",
     "tokenizer_golden",
     "units",
     "dtype",
@@ -58,6 +59,7 @@ def expected_for(fp: dict[str, Any], root: Path, model_root: Path) -> dict[str, 
         "lock": _digest(root / "constraints" / f"{fp['profile']}-py{py}.txt"),
         "model_manifest": _digest(model_root / model / "SHA256SUMS"),
         "tokenizer_golden": _digest(root / "smoke_tests" / "golden" / f"{model}.json"),
+        "model_files": "match manifest",
         "dtype": "float16",
     }
 
@@ -78,6 +80,14 @@ def package_drift(fp: dict[str, Any], root: Path) -> list[str]:
     return drift
 
 
+def _failure(result: dict[str, Any]) -> str:
+    """`test_name: the assertion's first line`, so the fleet report names what broke."""
+    name = str(result.get("test", "")).split("::")[-1]
+    lines = [ln.strip() for ln in str(result.get("message", "")).splitlines()]
+    first = next((ln[2:].strip() for ln in lines if ln.startswith("E ")), lines[-1] if lines else "")
+    return f"{name}: {first[:200]}"
+
+
 def build(reports: Path, root: Path, model_root: Path) -> dict[str, Any]:
     hosts: dict[str, dict[str, Any]] = {}
     for host_dir in sorted(p for p in reports.iterdir() if p.is_dir()):
@@ -88,6 +98,7 @@ def build(reports: Path, root: Path, model_root: Path) -> dict[str, Any]:
         smoke = json.loads(smoke_file.read_text()) if smoke_file.exists() else {"counts": {}}
         c = smoke.get("counts", {})
         fp["smoke"] = f"{c.get('passed', 0)} passed, {c.get('failed', 0)} failed, {c.get('skipped', 0)} skipped"
+        fp["_smoke_failures"] = [_failure(r) for r in smoke.get("results", []) if r.get("outcome") == "failed"]
         hosts[host_dir.name] = fp
     problems: list[str] = []
     marks: dict[str, dict[str, str]] = {h: {} for h in hosts}
@@ -100,12 +111,12 @@ def build(reports: Path, root: Path, model_root: Path) -> dict[str, Any]:
     for host, fp in hosts.items():
         for field, want in expected_for(fp, root, model_root).items():
             if str(fp.get(field)) != want:
-                marks[host][field] = f"expected {want}"
+                marks[host][field] = f"{fp.get(field)} (expected {want})"
         drift = package_drift(fp, root)
         if drift:
             marks[host]["packages"] = "not the lock: " + "; ".join(drift[:8]) + (" ..." if len(drift) > 8 else "")
         if " 0 failed" not in fp["smoke"]:
-            marks[host]["smoke"] = "smoke tests failed"
+            marks[host]["smoke"] = "failed: " + " | ".join(fp.get("_smoke_failures") or ["see smoke.json"])
         problems += [f"{host}: {field}: {why}" for field, why in marks[host].items()]
     return {
         "generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -80,7 +80,7 @@ def compare(golden: dict[str, Any], current: dict[str, Any], label: str = "curre
     for key in ("len_tokenizer", "embedding_rows", "eos_id", "pad_id"):
         if key in golden and golden[key] != current.get(key):
             diffs.append(f"{key}: golden {golden[key]}, {label} {current.get(key)}")
-    for section in ("files", "special_ids", "probes", "chats"):
+    for section in ("special_ids", "probes", "chats", "files"):
         for name, want in golden.get(section, {}).items():
             got = current.get(section, {}).get(name)
             if got != want:

@@ -154,6 +154,54 @@ def test_chat_in_a_real_browser_streams_and_keeps_history(deployed):
         browser.close()
 
 
+REFPY = ROOT / ".venv" / "tokenizer-ref" / "bin" / "python"
+NEW_WEIGHTS = """
+import sys
+from safetensors.numpy import load_file, save_file
+path = sys.argv[1] + '/model.safetensors'
+tensors = load_file(path)
+tensors['transformer.output_layer.weight'] = tensors['transformer.output_layer.weight'] * 1.5
+save_file(tensors, path, metadata={'format': 'pt'})
+"""
+LOWERCASING_TOKENIZER = """
+import json, sys
+path = sys.argv[1] + '/tokenizer.json'
+tok = json.load(open(path))
+tok['normalizer'] = {'type': 'Lowercase'}
+json.dump(tok, open(path, 'w'), ensure_ascii=False)
+"""
+
+
+def _stage_revision(script: str) -> None:
+    """Stage a new model revision where an admin would: artifacts/models, with a fresh manifest."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "service"))
+    for argv in (["-c", script, str(FIXTURE)], ["-m", "glmdeploy.manifest", "write", str(FIXTURE)]):
+        subprocess.run([str(REFPY), *argv], check=True, env=env, capture_output=True)
+
+
+def test_upgrade_drill_same_ids_pass_and_changed_tokenizer_is_named(deployed):
+    """An upgrade that keeps every id passes deploy and verify; one that changes tokenization fails both."""
+    try:
+        _stage_revision(NEW_WEIGHTS)
+        same_ids = make("deploy")
+        assert same_ids.returncode == 0, "a weights-only upgrade (same tokenizer) failed to deploy"
+        assert make("verify").returncode == 0, "make verify failed after an upgrade that keeps every id"
+
+        _stage_revision(LOWERCASING_TOKENIZER)
+        changed = make("deploy")
+        assert changed.returncode != 0, "an upgrade that changes tokenization deployed without complaint"
+        verify = make("verify")
+        assert verify.returncode != 0, "make verify passed with a tokenizer that lowercases"
+        for out in (changed.stdout, verify.stdout):
+            assert "probes[english]" in out and "make tokenizer-lock" in out, out[-2000:]
+        assert "localhost: smoke: failed: test_serving_tokenizer_matches_the_golden_file" in verify.stdout
+    finally:
+        shutil.rmtree(FIXTURE)
+        assert make("fixture").returncode == 0
+        restored = make("deploy")
+    assert restored.returncode == 0, "redeploying the original fixture failed"
+
+
 def _still_serving(deployed, before):
     assert service_pids() == before, "a failed deploy touched the running services"
     out = http_json(
@@ -215,6 +263,30 @@ def test_unsupported_python_is_named_with_a_fix(deployed, tmp_path):
     proc = make("deploy", f"ANSIBLE_ARGS=-e glmdeploy_python={fake}")
     _failed_with(proc, "unsupported Python", "is 3.12", "has locks for Python 3.11", "fix:")
     _still_serving(deployed, before)
+
+
+def test_make_bench_writes_results_and_plots(deployed):
+    out = ROOT / "reports" / "bench"
+    shutil.rmtree(out, ignore_errors=True)
+    proc = make(
+        "bench", "BENCH_ARGS=--input-lens 128,8192 --output-lens 16 --concurrency 1,4 --requests 8", timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "skipping 8192 in / 16 out: longer than the server's max_model_len 4096" in proc.stdout
+    data = json.loads((out / "bench.json").read_text())
+    assert {"command", "recorded", "hardware", "hardware_class", "settings", "results"} <= set(data)
+    assert [(r["input_len"], r["output_len"], r["concurrency"]) for r in data["results"]] == [
+        (128, 16, 1),
+        (128, 16, 4),
+    ]
+    for level in data["results"]:
+        assert level["requests"] == 8 and level["output_tokens_per_s"] > 0
+        assert 0 < level["ttft_ms"]["p50"] <= level["ttft_ms"]["p99"] <= level["e2e_ms"]["p99"]
+    for plot in ("throughput.png", "latency.png"):
+        assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{plot} is not a PNG"
+    FIGURES["make bench, fixture on CPU, 128 in / 16 out (out tok/s at 1 / 4 streams)"] = [
+        r["output_tokens_per_s"] for r in data["results"]
+    ]
 
 
 def test_service_memory_and_venv_size_are_reported(deployed):

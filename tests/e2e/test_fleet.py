@@ -139,3 +139,73 @@ def test_a_generation_works_on_the_node(fleet, host):
 def test_hosts_have_no_route_out(fleet, host):
     out = on_host(host, "ip route show default; ip route")
     assert "default" not in out.stdout and "10.77.0.0/24" in out.stdout
+
+
+# Each host gets its own breakage, made in place on the node the way drift happens in a lab
+# (a hand edit, a stray upgrade, a corrupted copy). Backups are restored afterwards.
+DRIFT = {
+    "testhost1": """
+import json
+m = '/opt/glmdeploy/models/chatglm3-fixture/'
+t = json.load(open(m + 'tokenizer.json'))
+a = t['added_tokens']
+i, j = [k for k, x in enumerate(a) if x['content'] in ('<|user|>', '<|assistant|>')]
+a[i]['id'], a[j]['id'] = a[j]['id'], a[i]['id']
+a[i], a[j] = a[j], a[i]
+json.dump(t, open(m + 'tokenizer.json', 'w'), ensure_ascii=False)
+c = json.load(open(m + 'tokenizer_config.json'))
+d = c['added_tokens_decoder']
+d['64795'], d['64796'] = d['64796'], d['64795']
+json.dump(c, open(m + 'tokenizer_config.json', 'w'), indent=2)
+""",
+    "testhost2": """
+import glob
+meta = glob.glob('/opt/glmdeploy/current/venv/lib/python3.*/site-packages/idna-*.dist-info/METADATA')[0]
+text = open(meta).read()
+open(meta, 'w').write(text.replace('Version: 3.20', 'Version: 3.20.post9', 1))
+with open('/opt/glmdeploy/models/chatglm3-fixture/model.safetensors', 'r+b') as fh:
+    fh.seek(-100, 2)
+    fh.write(b'\\x00\\x01\\x02\\x03')
+""",
+    "testhost3": """
+import json
+p = '/opt/glmdeploy/models/chatglm3-fixture/config.json'
+c = json.load(open(p))
+c['torch_dtype'] = 'float32'
+json.dump(c, open(p, 'w'), indent=2)
+""",
+}
+BACKUP = (
+    "cd /opt/glmdeploy && tar -cf /root/drift-backup.tar models/chatglm3-fixture "
+    "$(ls -d current/venv/lib/python3.*/site-packages/idna-*.dist-info)"
+)
+RESTORE = "cd /opt/glmdeploy && tar -xpf /root/drift-backup.tar && rm /root/drift-backup.tar"
+
+
+def test_verify_names_host_and_field_for_each_kind_of_drift(fleet):
+    for host, script in DRIFT.items():
+        out = on_host(host, f"{BACKUP} && python3 - <<'PY'\n{script}\nPY")
+        assert out.returncode == 0, out.stderr
+    try:
+        proc = make("verify", f"INVENTORY={fleet['inventory']}", timeout=600)
+    finally:
+        for host in DRIFT:
+            on_host(host, RESTORE)
+    assert proc.returncode != 0, "make verify passed on a drifted fleet"
+    text = proc.stdout
+    expected = [
+        # a changed special-token id and a changed tokenizer file, named by the node's golden check
+        "testhost1: smoke: failed: test_serving_tokenizer_matches_the_golden_file: "
+        "AssertionError: tokenizer drift against chatglm3-fixture.json: special_ids[<|assistant|>]",
+        "testhost1: model_files: model file changed: tokenizer.json",
+        # a package version changed on one host only
+        "testhost2: packages: not the lock: idna 3.20.post9 (lock 3.20)",
+        # a model file changed on one host only (in place: the manifest on the node is unchanged)
+        "testhost2: model_files: model file changed: model.safetensors",
+        # a float32 model config
+        "testhost3: dtype: float32 (expected float16)",
+        "testhost3: model_files: model file changed: config.json",
+    ]
+    missing = [line for line in expected if line not in text]
+    assert not missing, f"verify did not name: {missing}\n{text[-3000:]}"
+    assert "testhost1: dtype" not in text and "testhost3: packages" not in text, "drift blamed on the wrong host"

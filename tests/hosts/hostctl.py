@@ -295,6 +295,8 @@ def write_inventory(names: list[str], key: Path) -> Path:
         "ansible_ssh_common_args='-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR'",
         "ansible_python_interpreter=/usr/bin/python3",
         f"glmdeploy_artifact_url=http://{CONTROLLER}:{ARTIFACT_PORT}",
+        "# The hosts share this machine's CPUs: one throughput check at a time.",
+        "smoke_throttle=1",
     ]
     inventory = STATE / "inventory.ini"
     inventory.write_text("\n".join(lines) + "\n")

@@ -35,6 +35,7 @@ def fleet(tmp_path, fixture_dir):
         "units": "u1",
         "dtype": "float16",
         "model_manifest": digest(fixture_dir / "SHA256SUMS"),
+        "model_files": "match manifest",
         "tokenizer_golden": digest(ROOT / "smoke_tests" / "golden" / "chatglm3-fixture.json"),
         "_package_versions": dict(pins, pip="23.0"),
     }
@@ -73,18 +74,35 @@ def test_float32_model_and_changed_model_file_are_named(fleet):
     reports, models = fleet
     edit(reports, "node1", dtype="float32")
     edit(reports, "node2", model_manifest="0000000000000000")
+    edit(reports, "node1", model_files="model file changed: tokenizer.json does not match its SHA256 in SHA256SUMS")
     problems = build(reports, ROOT, models)["problems"]
-    assert "node1: dtype: expected float16" in problems
-    assert any(p.startswith("node2: model_manifest: expected ") for p in problems)
+    assert "node1: dtype: float32 (expected float16)" in problems
+    assert any(p.startswith("node2: model_manifest: 0000000000000000 (expected ") for p in problems)
+    assert (
+        "node1: model_files: model file changed: tokenizer.json does not match its SHA256 in SHA256SUMS"
+        " (expected match manifest)" in problems
+    )
 
 
 def test_failed_smoke_and_changed_tokenizer_golden_fail_verify(fleet, tmp_path):
     reports, models = fleet
-    (reports / "node1" / "smoke.json").write_text(json.dumps({"counts": {"passed": 19, "failed": 1}}))
+    failure = {
+        "test": "test_golden.py::test_serving_tokenizer_matches_the_golden_file",
+        "outcome": "failed",
+        "message": "def test...\n>   assert not drift\n"
+        "E   AssertionError: tokenizer drift: special_ids[<|user|>]\nE   more",
+    }
+    (reports / "node1" / "smoke.json").write_text(
+        json.dumps({"counts": {"passed": 19, "failed": 1}, "results": [failure]})
+    )
     edit(reports, "node2", tokenizer_golden="ffff")
     assert (
         main(["--reports", str(reports), "--root", str(ROOT), "--models", str(models), "--out", str(tmp_path / "out")])
         == 1
     )
     text = (tmp_path / "out" / "verify.md").read_text()
-    assert "node1: smoke: smoke tests failed" in text and "node2: tokenizer_golden: expected" in text
+    assert (
+        "node1: smoke: failed: test_serving_tokenizer_matches_the_golden_file: "
+        "AssertionError: tokenizer drift: special_ids[<|user|>]" in text
+    )
+    assert "node2: tokenizer_golden: ffff (expected" in text

@@ -1,0 +1,418 @@
+"""Benchmark any OpenAI-compatible endpoint the way users load it: streamed requests over HTTP.
+
+Why the kit has its own: the figures people quote (tok/s, P99) only mean
+something with the exact workload, versions and hardware next to them, and the
+node's throughput smoke test compares against a baseline recorded the same way.
+Prompts are random token ids from a fixed seed and every request produces
+exactly its output length (eos and stop ids ignored), so two runs compare.
+
+    python -m glmdeploy.bench run --node-config /etc/glmdeploy/node.json \\
+        --input-lens 512,2048 --output-lens 128 --concurrency 1,4,16 --json out.json --plots out/
+    python -m glmdeploy.bench baseline --node-config /etc/glmdeploy/node.json --out baseline.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import random
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from glmdeploy.client import ApiClient
+from glmdeploy.config import NodeConfig
+
+# Prompt ids are drawn below ChatGLM3's special tokens (64789+), above the control ids 0-2.
+PROMPT_ID_RANGE = (3, 64000)
+SEED = 20261201
+# The smoke suite's short run: small enough for < 60 s on a 2-core CPU node, long enough to batch.
+SMOKE_SCENARIO = {"input_len": 128, "output_len": 32, "concurrency": 4, "requests": 8}
+DEFAULT_TOLERANCE = 0.15
+
+
+@dataclass
+class RequestResult:
+    ttft_s: float
+    e2e_s: float
+    itl_s: list[float]
+    output_tokens: int
+
+
+@dataclass
+class LevelResult:
+    input_len: int
+    output_len: int
+    concurrency: int
+    requests: int
+    duration_s: float
+    requests_per_s: float
+    output_tokens_per_s: float
+    ttft_ms: dict[str, float]
+    itl_ms: dict[str, float]
+    e2e_ms: dict[str, float]
+    decode_tokens_per_s_per_stream: float
+
+
+def make_prompts(count: int, input_len: int, seed: int = SEED) -> list[list[int]]:
+    """Same ids for the same (count, length, seed): runs on different days compare."""
+    rng = random.Random(f"{seed}-{input_len}")
+    return [[rng.randrange(*PROMPT_ID_RANGE) for _ in range(input_len)] for _ in range(count)]
+
+
+def one_request(client: ApiClient, prompt: list[int], output_len: int) -> RequestResult:
+    """One streamed request that must produce exactly output_len tokens."""
+    body = client.completion_body(prompt, output_len, 0.0, 1.0, stream=True, ignore_eos=True)
+    body["stop_token_ids"] = []  # exact lengths: random-weight models emit stop ids too
+    start = time.perf_counter()
+    stamps: list[float] = []
+    tokens = 0
+    finish = None
+    for choice in client._stream_choices(body):
+        stamps.append(time.perf_counter())
+        tokens += len(choice.get("token_ids") or []) or 1
+        finish = choice.get("finish_reason") or finish
+    if finish != "length" or not stamps:
+        raise RuntimeError(f"expected exactly {output_len} tokens, the server ended with {finish!r}")
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
+    return RequestResult(stamps[0] - start, stamps[-1] - start, gaps, max(tokens, output_len))
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": 0.0, "p95": 0.0, "p99": 0.0, "mean": 0.0}
+    ordered = sorted(values)
+
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000
+
+    return {
+        "p50": round(pick(0.50), 2),
+        "p95": round(pick(0.95), 2),
+        "p99": round(pick(0.99), 2),
+        "mean": round(statistics.fmean(ordered) * 1000, 2),
+    }
+
+
+def run_level(client: ApiClient, input_len: int, output_len: int, concurrency: int, requests: int) -> LevelResult:
+    """Warm up with one request (not counted), then keep `concurrency` streams busy for `requests` requests."""
+    prompts = make_prompts(requests + 1, input_len)
+    one_request(client, prompts[0], min(output_len, 8))
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        results = list(pool.map(lambda p: one_request(client, p, output_len), prompts[1:]))
+    duration = time.perf_counter() - start
+    total_tokens = sum(r.output_tokens for r in results)
+    itl = [gap for r in results for gap in r.itl_s]
+    decode = [(r.output_tokens - 1) / (r.e2e_s - r.ttft_s) for r in results if r.e2e_s > r.ttft_s]
+    return LevelResult(
+        input_len=input_len,
+        output_len=output_len,
+        concurrency=concurrency,
+        requests=requests,
+        duration_s=round(duration, 3),
+        requests_per_s=round(requests / duration, 3),
+        output_tokens_per_s=round(total_tokens / duration, 1),
+        ttft_ms=percentiles([r.ttft_s for r in results]),
+        itl_ms=percentiles(itl),
+        e2e_ms=percentiles([r.e2e_s for r in results]),
+        decode_tokens_per_s_per_stream=round(statistics.median(decode), 1) if decode else 0.0,
+    )
+
+
+def multiturn(
+    client: ApiClient, conversations: int, turns: int, first_len: int, turn_len: int, reply_len: int
+) -> dict[str, Any]:
+    """Replay chats turn by turn, one request at a time, and report first-token latency per turn.
+
+    Each turn's prompt is the whole history (first prompt, earlier replies, new user
+    text), as a chat UI sends it: with prefix caching the engine re-uses the KV cache
+    of the earlier turns and only prefills what is new; without it, every turn
+    prefills the whole, growing history. Conversations use distinct random ids so
+    they never share a prefix with each other.
+    """
+    rng = random.Random(f"{SEED}-multiturn")
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(*PROMPT_ID_RANGE) for _ in range(n)]
+
+    one_request(client, ids(64), 4)  # warm-up, not counted
+    per_turn: list[list[float]] = [[] for _ in range(turns)]
+    for _ in range(conversations):
+        history = ids(first_len)
+        for turn in range(turns):
+            result = one_request(client, history, reply_len)
+            per_turn[turn].append(result.ttft_s)
+            history = history + ids(reply_len) + ids(turn_len)
+    medians = [round(statistics.median(t) * 1000, 2) for t in per_turn]
+    return {
+        "conversations": conversations,
+        "turns": turns,
+        "first_len": first_len,
+        "turn_len": turn_len,
+        "reply_len": reply_len,
+        "ttft_ms_median_per_turn": medians,
+        "last_over_first": round(medians[-1] / medians[0], 2) if medians[0] else None,
+    }
+
+
+def hardware() -> dict[str, Any]:
+    """What ran the server, when the bench runs on the node itself (GPU names via NVML when present)."""
+    info: dict[str, Any] = {"cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count()}
+    try:
+        model = [ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")]
+        info["cpu"] = model[0].split(":", 1)[1].strip() if model else info["cpu"]
+    except OSError:
+        pass
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        names = [pynvml.nvmlDeviceGetName(h) for h in handles]
+        info["gpus"] = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        info["driver"] = driver.decode() if isinstance(driver, bytes) else str(driver)
+    except Exception:
+        info["gpus"] = []
+    return info
+
+
+def hardware_class(info: dict[str, Any]) -> str:
+    """Baselines are kept per class: the GPU model and count, or the CPU count on GPU-less nodes."""
+    gpus = info.get("gpus") or []
+    if gpus:
+        name = gpus[0].lower().replace("nvidia", "").strip().replace(" ", "-")
+        return f"{name}x{len(gpus)}"
+    return f"cpu{info.get('cpu_count')}"
+
+
+def server_versions(client: ApiClient) -> dict[str, Any]:
+    try:
+        root = ApiClient(client.base_url.rsplit("/v1", 1)[0], client.model, client.api_key, timeout_s=10)
+        return {"server": root.get_json("/version")}
+    except Exception:
+        return {}
+
+
+def run_matrix(
+    client: ApiClient,
+    input_lens: list[int],
+    output_lens: list[int],
+    concurrency: list[int],
+    requests: int | None,
+    max_model_len: int | None = None,
+) -> list[LevelResult]:
+    levels = [(i, o, c) for i in input_lens for o in output_lens for c in concurrency]
+    if max_model_len:
+        too_long = sorted({(i, o) for i, o, _ in levels if i + o > max_model_len})
+        for i, o in too_long:
+            print(f"skipping {i} in / {o} out: longer than the server's max_model_len {max_model_len}")
+        levels = [(i, o, c) for i, o, c in levels if i + o <= max_model_len]
+    results = []
+    for n, (inp, out, conc) in enumerate(levels, 1):
+        count = requests or max(2 * conc, 4)
+        print(f"[{n:>2}/{len(levels)}] in={inp} out={out} concurrency={conc} requests={count} ...", end="", flush=True)
+        level = run_level(client, inp, out, conc, count)
+        print(
+            f" {level.output_tokens_per_s:.1f} out tok/s, TTFT p50 {level.ttft_ms['p50']:.0f} ms,"
+            f" ITL p50 {level.itl_ms['p50']:.1f} ms ({level.duration_s:.1f} s)",
+            flush=True,
+        )
+        results.append(level)
+    return results
+
+
+def plot(results: list[dict[str, Any]], out_dir: Path, title: str) -> list[Path]:
+    """Throughput and latency percentiles against concurrency, one line per (input, output) length."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed here: plots skipped (the control node's tool venv has it)", file=sys.stderr)
+        return []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shapes = sorted({(r["input_len"], r["output_len"]) for r in results})
+    written = []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for inp, out in shapes:
+        rows = sorted(
+            (r for r in results if (r["input_len"], r["output_len"]) == (inp, out)), key=lambda r: r["concurrency"]
+        )
+        ax.plot(
+            [r["concurrency"] for r in rows],
+            [r["output_tokens_per_s"] for r in rows],
+            marker="o",
+            label=f"{inp} in / {out} out",
+        )
+    ax.set(xscale="log", xlabel="concurrent streams", ylabel="output tokens/s", title=f"Throughput - {title}")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    written.append(out_dir / "throughput.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
+    for ax, metric, label in zip(
+        axes,
+        ("ttft_ms", "itl_ms", "e2e_ms"),
+        ("time to first token", "inter-token latency", "end-to-end latency"),
+        strict=True,
+    ):
+        for inp, out in shapes:
+            rows = sorted(
+                (r for r in results if (r["input_len"], r["output_len"]) == (inp, out)), key=lambda r: r["concurrency"]
+            )
+            conc = [r["concurrency"] for r in rows]
+            line = ax.plot(conc, [r[metric]["p50"] for r in rows], marker="o", label=f"{inp}/{out} p50")[0]
+            ax.plot(
+                conc, [r[metric]["p99"] for r in rows], linestyle="--", color=line.get_color(), label=f"{inp}/{out} p99"
+            )
+        ax.set(xscale="log", yscale="log", xlabel="concurrent streams", ylabel="ms", title=label)
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"Latency percentiles - {title}")
+    fig.tight_layout()
+    written.append(out_dir / "latency.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+    return written
+
+
+def compare_with_baseline(baseline: dict[str, Any], measured: dict[str, Any]) -> list[str]:
+    """Problems, empty when throughput is within the baseline's tolerance (slower only: faster is fine)."""
+    tolerance = float(baseline.get("tolerance", DEFAULT_TOLERANCE))
+    expected = float(baseline["result"]["output_tokens_per_s"])
+    got = float(measured["output_tokens_per_s"])
+    floor = expected * (1 - tolerance)
+    if got < floor:
+        return [
+            f"throughput {got:.1f} out tok/s is below the baseline {expected:.1f} - {tolerance:.0%} = {floor:.1f} "
+            f"({baseline.get('hardware_class')}, recorded {baseline.get('recorded')} by `{baseline.get('command')}`)"
+        ]
+    return []
+
+
+def _client(args: argparse.Namespace) -> tuple[ApiClient, dict[str, Any]]:
+    settings: dict[str, Any] = {}
+    if args.node_config:
+        node = NodeConfig.load(args.node_config)
+        settings = json.loads(Path(args.node_config).read_text())
+        url, model, key = node.api_url, node.served_model_name, node.api_key
+    else:
+        url, model, key = args.url, args.model, os.environ.get("GLMDEPLOY_API_KEY", "")
+    if not url or not model:
+        raise SystemExit("error: give --node-config, or --url and --model")
+    return ApiClient(url, model, key, timeout_s=args.timeout), settings
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m glmdeploy.bench", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in (
+        ("run", "run a benchmark matrix"),
+        ("baseline", "record the smoke suite's throughput baseline"),
+    ):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--node-config", help="read the endpoint from a node's node.json")
+        p.add_argument("--url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
+        p.add_argument("--model", help="served model name")
+        p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
+        p.add_argument("--label", default="", help="free text stored with the result (e.g. 'kit settings')")
+    run = sub.choices["run"]
+    run.add_argument("--input-lens", type=_ints, default=[512, 2048, 8192, 16384])
+    run.add_argument("--output-lens", type=_ints, default=[128, 512])
+    run.add_argument("--concurrency", type=_ints, default=[1, 4, 16, 64])
+    run.add_argument("--requests", type=int, help="requests per level (default: 2 x concurrency, at least 4)")
+    run.add_argument("--json", type=Path, required=True, help="where to write the results")
+    run.add_argument("--plots", type=Path, help="directory for throughput.png and latency.png")
+    multi = sub.add_parser("multiturn", help="first-token latency per turn of replayed multi-turn chats")
+    for flag, default in (("--node-config", None), ("--url", None), ("--model", None), ("--label", "")):
+        multi.add_argument(flag, default=default)
+    multi.add_argument("--timeout", type=float, default=600.0)
+    multi.add_argument("--conversations", type=int, default=8)
+    multi.add_argument("--turns", type=int, default=5)
+    multi.add_argument("--first-len", type=int, default=2048, help="tokens in the first prompt")
+    multi.add_argument("--turn-len", type=int, default=256, help="new user tokens per later turn")
+    multi.add_argument("--reply-len", type=int, default=128, help="tokens generated per turn")
+    multi.add_argument("--json", type=Path, required=True)
+    base = sub.choices["baseline"]
+    base.add_argument("--out", type=Path, required=True, help="where to write the baseline JSON")
+    base.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="allowed slowdown (0.15 = 15%%)")
+    args = parser.parse_args(argv)
+    client, settings = _client(args)
+    if not client.health():
+        print(f"error: no server answers at {client.base_url} (is the node deployed and running?)", file=sys.stderr)
+        return 2
+    info = hardware()
+    meta = {
+        "command": shlex.join(["python", "-m", "glmdeploy.bench", *(argv if argv is not None else sys.argv[1:])]),
+        "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "label": args.label,
+        "endpoint": client.base_url,
+        "model": client.model,
+        "seed": SEED,
+        "hardware": info,
+        "hardware_class": hardware_class(info),
+        "versions": server_versions(client),
+        "settings": settings,
+    }
+    if args.command == "multiturn":
+        out = multiturn(client, args.conversations, args.turns, args.first_len, args.turn_len, args.reply_len)
+        _write(args.json, {**meta, "multiturn": out})
+        print(f"TTFT median per turn (ms): {out['ttft_ms_median_per_turn']}; last/first {out['last_over_first']}")
+        return 0
+    if args.command == "baseline":
+        s = SMOKE_SCENARIO
+        level = run_level(client, s["input_len"], s["output_len"], s["concurrency"], s["requests"])
+        out = {
+            **meta,
+            "profile": settings.get("profile", ""),
+            "scenario": s,
+            "tolerance": args.tolerance,
+            "result": asdict(level),
+        }
+        _write(args.out, out)
+        print(f"baseline: {level.output_tokens_per_s:.1f} out tok/s ({meta['hardware_class']}) -> {args.out}")
+        return 0
+    max_len = settings.get("max_model_len")
+    levels = run_matrix(
+        client, args.input_lens, args.output_lens, args.concurrency, args.requests, int(max_len) if max_len else None
+    )
+    results = [asdict(r) for r in levels]
+    _write(args.json, {**meta, "results": results})
+    print(f"results -> {args.json}")
+    if args.plots:
+        for path in plot(results, args.plots, args.label or client.model):
+            print(f"plot -> {path}")
+    return 0
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    """Write next to the target, then rename: an interrupted run never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

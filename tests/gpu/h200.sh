@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The kit's GPU checks and benchmarks on the project's H200 machine (no network there).
+#
+# What runs there is NOT the gpu-cu121 lock (vLLM 0.4.3 / torch 2.3.0 cannot run on that image):
+# it is vLLM 0.26.0 on the machine's own torch 2.11.0+cu130, serving the ChatGLM3-6B-32k
+# architecture with random weights (`python -m glmdeploy.fixture --full-size`, vLLM
+# `--load-format dummy`), started with the settings glmdeploy.sizing derives for the H200,
+# and measured through HTTP with the kit's own client (glmdeploy.bench) and smoke suite.
+#
+# Carried from the control node (see tests/gpu/README.md for how they are made):
+#   .whl/                      vLLM's missing pure-Python/runtime dependencies (wheels, py3.12)
+#   .gpu/vllm.tar.xz.partN     vLLM 0.26.0 with unused kernels removed, in pieces under 64 MiB
+#   .gpu/chatglm3-6b-32k-architecture   real-size config + the fixture's tokenizer, no weights
+#
+#   tests/gpu/h200.sh stage1   install the wheels, stash piece 1, NVML smoke checks
+#   tests/gpu/h200.sh stage2   assemble vLLM, start the kit-tuned server, smoke suite, bench
+#   tests/gpu/h200.sh stage3   engine defaults, prefix caching off, one request at a time
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+OUT=${OUT:-/tmp/out}
+SITE=/tmp/glmdeploy-site
+STASH=/tmp/glmdeploy-stash
+MODEL=$PWD/.gpu/chatglm3-6b-32k-architecture
+export PYTHONPATH=$SITE:$PWD/service
+NODE=/tmp/node.json
+mkdir -p "$OUT" "$SITE" "$STASH"
+
+node_json() {  # the node config the smoke suite and the bench read
+  cat > "$NODE" <<EOF
+{"api_url": "http://127.0.0.1:8000/v1", "served_model_name": "chatglm3-6b-32k", "model_dir": "$MODEL",
+ "profile": "h200-architecture", "dtype": "float16", "max_model_len": 32768, "trust_remote_code": false,
+ "gpu": {"min_driver": "530.30.02", "min_memory_mib": 22500},
+ "service_unit": "none", "service_log_file": "$1"}
+EOF
+}
+
+start_server() {  # $1: label; the rest: extra vLLM arguments
+  local label=$1; shift
+  local log=$OUT/server-$label.log
+  node_json "$log"
+  echo "==> [$label] vllm serve: $*"
+  local t0=$SECONDS
+  python3 -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name chatglm3-6b-32k \
+    --load-format dummy --dtype float16 --max-model-len 32768 --host 127.0.0.1 --port 8000 \
+    --chat-template "$MODEL/chat_template.jinja" "$@" > "$log" 2>&1 &
+  SERVER=$!
+  for _ in $(seq 1 300); do
+    if python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null; then
+      echo "==> [$label] ready after $((SECONDS - t0)) s"; return 0
+    fi
+    if ! kill -0 $SERVER 2>/dev/null; then echo "==> [$label] server died"; tail -40 "$log"; return 1; fi
+    sleep 1
+  done
+  echo "==> [$label] not ready after 300 s"; tail -40 "$log"; return 1
+}
+
+stop_server() { kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null; sleep 2; }
+
+bench() {  # $1: label; the rest: bench arguments
+  local label=$1; shift
+  python3 -m glmdeploy.bench run --node-config "$NODE" --label "$label" --json "$OUT/bench-$label.json" "$@"
+}
+
+case "${1:-}" in
+stage1)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
+  cp .gpu/vllm.tar.xz.part* "$STASH"/
+  nvidia-smi --query-gpu=name,driver_version,memory.total,persistence_mode,ecc.mode.current --format=csv | tee "$OUT/gpu.txt"
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
+  python3 -m glmdeploy.sizing detect --json | tee "$OUT/sizing.json"
+  node_json /dev/null
+  GLMDEPLOY_NODE_CONFIG=$NODE python3 -m pytest -q -rs -p no:cacheprovider smoke_tests/test_gpu.py 2>&1 | tee "$OUT/smoke-nvml.txt"
+  ;;
+stage2b)  # the benches of stage2 only (vLLM already unpacked on a warm machine)
+  start_server kit $(python3 -m glmdeploy.sizing detect --json | python3 -c "import json,sys; print(' '.join(json.load(sys.stdin)['vllm_args']))") || exit 1
+  bench kit --input-lens 512 --output-lens 256 --concurrency 1,4,16,64,256 --plots "$OUT/plots"
+  bench kit-long --input-lens 2048,8192,16384 --output-lens 128 --concurrency 1,16 --requests 16
+  stop_server
+  ;;
+stage2)
+  cp .gpu/vllm.tar.xz.part* "$STASH"/ 2>/dev/null
+  cat "$STASH"/vllm.tar.xz.part* | xz -d -T0 | tar -C "$SITE" -xf - || exit 1
+  python3 -c "import vllm; print('vllm', vllm.__version__)"
+  mapfile -t KIT < <(python3 -m glmdeploy.sizing detect --json |
+    python3 -c "import json,sys; print('\n'.join(json.load(sys.stdin)['vllm_args']))")
+  start_server kit "${KIT[@]}" || exit 1
+  GLMDEPLOY_NODE_CONFIG=$NODE python3 -m pytest -q -rs -p no:cacheprovider smoke_tests/test_gpu.py \
+    smoke_tests/test_node.py smoke_tests/test_generation.py --junitxml "$OUT/smoke.xml" 2>&1 | tee "$OUT/smoke.txt"
+  bench kit --input-lens 512 --output-lens 256 --concurrency 1,4,16,64,256 --plots "$OUT/plots"
+  bench kit-long --input-lens 2048,8192,16384 --output-lens 128 --concurrency 1,16 --requests 16
+  python3 -m glmdeploy.bench multiturn --node-config "$NODE" --json "$OUT/multiturn-kit.json"
+  stop_server
+  ;;
+stage3)
+  start_server default || exit 1
+  bench default --input-lens 512 --output-lens 256 --concurrency 1,64
+  stop_server
+  start_server no-prefix-cache --no-enable-prefix-caching || exit 1
+  python3 -m glmdeploy.bench multiturn --node-config "$NODE" --json "$OUT/multiturn-noprefix.json"
+  stop_server
+  start_server naive --max-num-seqs 1 || exit 1
+  bench naive --input-lens 512 --output-lens 256 --concurrency 64 --requests 64
+  stop_server
+  ;;
+*)
+  echo "usage: $0 stage1|stage2|stage3" >&2; exit 2 ;;
+esac

@@ -1,0 +1,45 @@
+import pytest
+
+from glmdeploy import sizing
+
+
+def test_rtx_4090_settings_match_hand_arithmetic():
+    # 24,564 MiB x 0.90 = 23,181,498,777.6 B
+    # - 12,487,168,000 B fp16 weights (6,243,584,000 parameters x 2)
+    # - 3,355,443,200 B activations (32,768 batched tokens x 100 KiB; vLLM 0.4.3 cannot chunk prefills)
+    # - 1,073,741,824 B CUDA context and graphs
+    # = 6,265,145,753.6 B of KV cache / 28,672 B per token (28 layers x K,V x 2 groups x 128 x 2 B)
+    # = 218,510 tokens: 6 contexts of 32k, 53 of 4k, 213 of 1k; 218,510 / 2,048 = 106 -> 64 sequences.
+    s = sizing.for_class("rtx-4090")
+    assert sizing.KV_BYTES_PER_TOKEN == 28_672
+    assert s.kv_cache_tokens == 218_510
+    assert (s.contexts_32k, s.contexts_4k, s.contexts_1k) == (6, 53, 213)
+    assert (s.max_num_seqs, s.max_num_batched_tokens, s.gpu_memory_utilization) == (64, 32_768, 0.90)
+
+
+def test_h200_kv_cache_matches_the_anchor_measurement():
+    # vLLM reported 112 GiB of KV cache (~4.2 M tokens) on the H200 at utilisation 0.9 (gpu-anchor.md).
+    s = sizing.for_class("h200")
+    assert s.kv_cache_gib == pytest.approx(112, abs=0.5)
+    assert s.kv_cache_tokens == pytest.approx(4.2e6, rel=0.01)
+
+
+def test_card_too_small_for_one_full_context_is_refused_with_a_reason():
+    with pytest.raises(ValueError, match="less than one 32768-token context"):
+        sizing.settings_for("t4-16gb", 15_360, chunked_prefill=False)
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("NVIDIA GeForce RTX 4090", "rtx-4090"),
+        ("NVIDIA GeForce RTX 4090 D", "rtx-4090"),
+        ("NVIDIA GeForce RTX 3090", "rtx-3090"),
+        ("NVIDIA A10", "a10"),
+        ("NVIDIA L4", "l4"),
+        ("NVIDIA H200", "h200"),
+        ("Tesla T4", None),
+    ],
+)
+def test_nvml_names_map_to_classes(name, expected):
+    assert sizing.classify(name) == expected
