@@ -104,7 +104,8 @@ unit: tools $(REFENV)/.stamp fixture ## Unit tests of service/ and the lock tool
 	PYTHONPATH=service $(REFENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)
 
 e2e: tools ## End-to-end: real make deploy here, API + headless-browser chat, broken-setup cases, undeploy
-	$(TOOLS)/bin/python -m pytest -q -p no:cacheprovider tests/e2e $(PYTEST_ARGS)
+	rm -rf reports/e2e-logs
+	$(TOOLS)/bin/python -m pytest -q -rs -p no:cacheprovider --durations=15 tests/e2e $(PYTEST_ARGS)
 
 test: lint lock-check unit e2e ## Everything CI runs: lint, lock re-resolve check, unit tests, end-to-end deploy
 

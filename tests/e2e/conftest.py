@@ -36,6 +36,14 @@ def make(*args: str, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
         ["make", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=timeout, check=False
     )
     proc.elapsed = time.monotonic() - start  # type: ignore[attr-defined]
+    # Every make run's full output, numbered in order, for reading a CI failure afterwards.
+    logs = ROOT / "reports" / "e2e-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    number = len(list(logs.glob("*.log"))) + 1
+    name = "-".join(a.split("=")[0].lower() for a in args)[:60]
+    (logs / f"{number:03d}-{name}.log").write_text(
+        f"$ make {' '.join(args)}\nrc={proc.returncode} elapsed={proc.elapsed:.1f}s\n\n{proc.stdout}\n{proc.stderr}"  # type: ignore[attr-defined]
+    )
     sys.stdout.write(f"\n$ make {' '.join(args)}  ({proc.elapsed:.1f}s, rc={proc.returncode})\n")  # type: ignore[attr-defined]
     sys.stdout.write(proc.stdout[-3000:] + proc.stderr[-2000:])
     return proc

@@ -180,13 +180,12 @@ def _stage_revision(script: str) -> None:
 
 
 def test_upgrade_drill_same_ids_pass_and_changed_tokenizer_is_named(deployed):
-    """An upgrade that keeps every id passes deploy and verify; one that changes tokenization fails both."""
-    try:
-        _stage_revision(NEW_WEIGHTS)
-        same_ids = make("deploy")
-        assert same_ids.returncode == 0, "a weights-only upgrade (same tokenizer) failed to deploy"
-        assert make("verify").returncode == 0, "make verify failed after an upgrade that keeps every id"
+    """An upgrade that changes tokenization fails deploy and verify; one that keeps every id passes both.
 
+    The node ends on the weights-only revision (served until undeploy); the control node's
+    fixture is regenerated (it is deterministic), so later deploys see the original files.
+    """
+    try:
         _stage_revision(LOWERCASING_TOKENIZER)
         changed = make("deploy")
         assert changed.returncode != 0, "an upgrade that changes tokenization deployed without complaint"
@@ -195,11 +194,16 @@ def test_upgrade_drill_same_ids_pass_and_changed_tokenizer_is_named(deployed):
         for out in (changed.stdout, verify.stdout):
             assert "probes[english]" in out and "make tokenizer-lock" in out, out[-2000:]
         assert "localhost: smoke: failed: test_serving_tokenizer_matches_the_golden_file" in verify.stdout
-    finally:
+
         shutil.rmtree(FIXTURE)
         assert make("fixture").returncode == 0
-        restored = make("deploy")
-    assert restored.returncode == 0, "redeploying the original fixture failed"
+        _stage_revision(NEW_WEIGHTS)
+        same_ids = make("deploy")
+        assert same_ids.returncode == 0, "a weights-only upgrade (same tokenizer) failed to deploy"
+        assert make("verify").returncode == 0, "make verify failed after an upgrade that keeps every id"
+    finally:
+        shutil.rmtree(FIXTURE, ignore_errors=True)
+        assert make("fixture").returncode == 0
 
 
 def _still_serving(deployed, before):

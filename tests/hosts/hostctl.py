@@ -398,7 +398,8 @@ def down() -> None:
         log("no test hosts")
         return
     hosts = sorted(p for p in STATE.glob("testhost*") if p.is_dir())
-    stop_pids([hdir / "pid" for hdir in hosts])
+    # Throwaway hosts: 10 s to power off cleanly, then SIGKILL (a graceful stop of vLLM alone can take 30 s).
+    stop_pids([hdir / "pid" for hdir in hosts], timeout=10)
     for hdir in hosts:
         name = hdir.name
         run("umount", "-l", str(hdir / "merged"), check=False)
@@ -408,7 +409,10 @@ def down() -> None:
             cg = Path("/sys/fs/cgroup") / h / f"glmdeploy-{name}"
             if cg.exists():
                 remove_cgroup(cg)
-        shutil.rmtree(hdir, ignore_errors=True)
+        # The overlay's upper dir holds GBs of small files: move it aside and delete it in the background.
+        trash = STATE / f".trash-{name}-{time.time_ns()}"
+        hdir.rename(trash)
+        subprocess.Popen(["rm", "-rf", str(trash)], start_new_session=True)
         log(f"{name} removed")
     stop_pids([STATE / "aptproxy.pid", STATE / "artifacts.pid"], timeout=5)
     run("ip", "link", "del", BRIDGE, check=False)
