@@ -15,6 +15,7 @@
 #   tests/gpu/h200.sh stage1   install the wheels, stash piece 1, NVML smoke checks
 #   tests/gpu/h200.sh stage2   assemble vLLM, start the kit-tuned server, smoke suite, bench
 #   tests/gpu/h200.sh stage3   engine defaults, prefix caching off, one request at a time
+#   tests/gpu/h200.sh baseline the smoke suite's throughput baseline (after stage1)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1
@@ -91,6 +92,16 @@ stage2)
   bench kit --input-lens 512 --output-lens 256 --concurrency 1,4,16,64,256 --plots "$OUT/plots"
   bench kit-long --input-lens 2048,8192,16384 --output-lens 128 --concurrency 1,16 --requests 16
   python3 -m glmdeploy.bench multiturn --node-config "$NODE" --json "$OUT/multiturn-kit.json"
+  stop_server
+  ;;
+baseline)  # the smoke suite's throughput baseline for this class, then the smoke check against it
+  cp .gpu/vllm.tar.xz.part* "$STASH"/ 2>/dev/null
+  [ -d "$SITE/vllm" ] || { cat "$STASH"/vllm.tar.xz.part* | xz -d -T0 | tar -C "$SITE" -xf - || exit 1; }
+  start_server kit $(python3 -m glmdeploy.sizing detect --json | python3 -c "import json,sys; print(' '.join(json.load(sys.stdin)['vllm_args']))") || exit 1
+  python3 -m glmdeploy.bench baseline --node-config "$NODE" --label "tests/gpu/h200.sh baseline" --out "$OUT/baseline.json"
+  cls=$(python3 -c "import json; d=json.load(open('$OUT/baseline.json')); print(d['profile'] + '-' + d['hardware_class'])")
+  cp "$OUT/baseline.json" "smoke_tests/baselines/$cls.json"
+  GLMDEPLOY_NODE_CONFIG=$NODE python3 -m pytest -q -rs -p no:cacheprovider smoke_tests/test_throughput.py 2>&1 | tee "$OUT/smoke-throughput.txt"
   stop_server
   ;;
 stage3)
