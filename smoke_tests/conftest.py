@@ -34,10 +34,7 @@ def client(node: NodeConfig) -> ApiClient:
 
 @pytest.fixture(scope="session")
 def tokenizer(node: NodeConfig) -> object:
-    trust = json.loads(Path(os.environ.get("GLMDEPLOY_NODE_CONFIG", "/etc/glmdeploy/node.json")).read_text()).get(
-        "trust_remote_code", False
-    )
-    return load_tokenizer(node.model_dir, trust)
+    return load_tokenizer(node.model_dir, node.trust_remote_code)
 
 
 @pytest.fixture(scope="session")

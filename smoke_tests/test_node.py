@@ -16,8 +16,7 @@ def test_model_config_and_node_agree_on_float16(node: NodeConfig) -> None:
 
 
 def test_engine_as_started_runs_the_model_in_float16(node: NodeConfig) -> None:
-    settings = json.loads(Path(NodeConfig.path()).read_text())
-    source, lines = service_log(settings["service_unit"], settings["service_log_file"])
+    source, lines = service_log(node.service_unit, node.service_log_file)
     start = last_engine_start(lines)
     assert start is not None, f"no vLLM engine start line in {source}: is the server running under the kit's unit?"
     assert start.dtype == "float16", f"the running engine uses {start.dtype} ({source}): {start.line[:300]}"

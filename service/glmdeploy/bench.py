@@ -329,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_text in (
         ("run", "run a benchmark matrix"),
+        ("multiturn", "first-token latency per turn of replayed multi-turn chats"),
         ("baseline", "record the smoke suite's throughput baseline"),
     ):
         p = sub.add_parser(name, help=help_text)
@@ -344,10 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--requests", type=int, help="requests per level (default: 2 x concurrency, at least 4)")
     run.add_argument("--json", type=Path, required=True, help="where to write the results")
     run.add_argument("--plots", type=Path, help="directory for throughput.png and latency.png")
-    multi = sub.add_parser("multiturn", help="first-token latency per turn of replayed multi-turn chats")
-    for flag, default in (("--node-config", None), ("--url", None), ("--model", None), ("--label", "")):
-        multi.add_argument(flag, default=default)
-    multi.add_argument("--timeout", type=float, default=600.0)
+    multi = sub.choices["multiturn"]
     multi.add_argument("--conversations", type=int, default=8)
     multi.add_argument("--turns", type=int, default=5)
     multi.add_argument("--first-len", type=int, default=2048, help="tokens in the first prompt")

@@ -27,15 +27,14 @@ class NodeConfig:
     api_key: str = ""
     # The profile's GPU requirements (min_driver, min_memory_mib); empty on GPU-less profiles.
     gpu: dict[str, object] = field(default_factory=dict)
-
-    @staticmethod
-    def path(path: str | Path | None = None) -> Path:
-        """Where the node's settings are read from: the argument, $GLMDEPLOY_NODE_CONFIG, or /etc."""
-        return Path(path or os.environ.get(ENV_VAR) or DEFAULT_PATH)
+    trust_remote_code: bool = False
+    # Where the vLLM service logs: its systemd unit, or the kit's log file under supervisord.
+    service_unit: str = ""
+    service_log_file: str = ""
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> NodeConfig:
-        source = cls.path(path)
+        source = Path(path or os.environ.get(ENV_VAR) or DEFAULT_PATH)
         data = json.loads(source.read_text(encoding="utf-8"))
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})

@@ -57,6 +57,10 @@ start_server() {  # $1: label; the rest: extra vLLM arguments
   echo "==> [$label] not ready after 300 s"; tail -40 "$log"; return 1
 }
 
+kit_args() {  # the settings glmdeploy.sizing derives for this node's GPU, as vLLM arguments
+  python3 -m glmdeploy.sizing detect --json | python3 -c "import json,sys; print(' '.join(json.load(sys.stdin)['vllm_args']))"
+}
+
 stop_server() { kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null; sleep 2; }
 
 bench() {  # $1: label; the rest: bench arguments
@@ -75,7 +79,7 @@ stage1)
   GLMDEPLOY_NODE_CONFIG=$NODE python3 -m pytest -q -rs -p no:cacheprovider smoke_tests/test_gpu.py 2>&1 | tee "$OUT/smoke-nvml.txt"
   ;;
 stage2b)  # the benches of stage2 only (vLLM already unpacked on a warm machine)
-  start_server kit $(python3 -m glmdeploy.sizing detect --json | python3 -c "import json,sys; print(' '.join(json.load(sys.stdin)['vllm_args']))") || exit 1
+  start_server kit $(kit_args) || exit 1
   bench kit --input-lens 512 --output-lens 256 --concurrency 1,4,16,64,256 --plots "$OUT/plots"
   bench kit-long --input-lens 2048,8192,16384 --output-lens 128 --concurrency 1,16 --requests 16
   stop_server
@@ -84,9 +88,7 @@ stage2)
   cp .gpu/vllm.tar.xz.part* "$STASH"/ 2>/dev/null
   cat "$STASH"/vllm.tar.xz.part* | xz -d -T0 | tar -C "$SITE" -xf - || exit 1
   python3 -c "import vllm; print('vllm', vllm.__version__)"
-  mapfile -t KIT < <(python3 -m glmdeploy.sizing detect --json |
-    python3 -c "import json,sys; print('\n'.join(json.load(sys.stdin)['vllm_args']))")
-  start_server kit "${KIT[@]}" || exit 1
+  start_server kit $(kit_args) || exit 1
   GLMDEPLOY_NODE_CONFIG=$NODE python3 -m pytest -q -rs -p no:cacheprovider smoke_tests/test_gpu.py \
     smoke_tests/test_node.py smoke_tests/test_generation.py --junitxml "$OUT/smoke.xml" 2>&1 | tee "$OUT/smoke.txt"
   bench kit --input-lens 512 --output-lens 256 --concurrency 1,4,16,64,256 --plots "$OUT/plots"
@@ -97,7 +99,7 @@ stage2)
 baseline)  # the smoke suite's throughput baseline for this class, then the smoke check against it
   cp .gpu/vllm.tar.xz.part* "$STASH"/ 2>/dev/null
   [ -d "$SITE/vllm" ] || { cat "$STASH"/vllm.tar.xz.part* | xz -d -T0 | tar -C "$SITE" -xf - || exit 1; }
-  start_server kit $(python3 -m glmdeploy.sizing detect --json | python3 -c "import json,sys; print(' '.join(json.load(sys.stdin)['vllm_args']))") || exit 1
+  start_server kit $(kit_args) || exit 1
   python3 -m glmdeploy.bench baseline --node-config "$NODE" --label "tests/gpu/h200.sh baseline" --out "$OUT/baseline.json"
   cls=$(python3 -c "import json; d=json.load(open('$OUT/baseline.json')); print(d['profile'] + '-' + d['hardware_class'])")
   cp "$OUT/baseline.json" "smoke_tests/baselines/$cls.json"
