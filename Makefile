@@ -28,7 +28,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
+.PHONY: driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -75,6 +75,12 @@ deploy: tools $(REFENV)/.stamp wheelhouse model ## Deploy to INVENTORY (default:
 undeploy: tools ## Stop the services and remove the deployment (keeps artifacts/)
 	ansible-playbook -i $(INVENTORY) playbooks/undeploy.yml $(ANSIBLE_ARGS)
 
+driver: tools ## Install the pinned NVIDIA driver on INVENTORY's nodes (held; reboots a node only when the driver changed)
+	ansible-playbook -i $(INVENTORY) playbooks/driver.yml $(ANSIBLE_ARGS)
+
+driver-upgrade: tools ## The driver's upgrade path: unhold, install what nvidia_driver_branch/_version select now, re-hold, reboot
+	ansible-playbook -i $(INVENTORY) playbooks/driver.yml -e nvidia_driver_upgrade=true $(ANSIBLE_ARGS)
+
 smoke: tools ## Run the smoke suite on every node of INVENTORY; reports land in reports/smoke/
 	ansible-playbook -i $(INVENTORY) playbooks/smoke.yml $(ANSIBLE_ARGS)
 
@@ -96,7 +102,7 @@ verify: tools ## Smoke suite + fingerprint on every node of INVENTORY, then one 
 lint: tools ## ansible-lint (production profile), yamllint, ruff, playbook syntax check
 	yamllint -s .
 	ansible-lint --profile production --strict playbooks roles tests/scenarios
-	ansible-playbook -i playbooks/localhost.ini --syntax-check playbooks/site.yml playbooks/undeploy.yml playbooks/smoke.yml
+	ansible-playbook -i playbooks/localhost.ini --syntax-check playbooks/site.yml playbooks/undeploy.yml playbooks/smoke.yml playbooks/driver.yml playbooks/baseline.yml
 	ruff check service smoke_tests tests constraints roles plugins
 	ruff format --check service smoke_tests tests constraints roles plugins
 

@@ -61,12 +61,12 @@ def host():
         make("hosts-down")
 
 
-def converge_twice(scenario: str, inventory: str) -> None:
+def converge_twice(scenario: str, inventory: str, *extra: str) -> None:
     syntax = playbook(scenario, inventory, "--syntax-check")
     assert syntax.returncode == 0, syntax.stdout + syntax.stderr
-    first = playbook(scenario, inventory)
+    first = playbook(scenario, inventory, *extra)
     assert first.returncode == 0, first.stdout[-3000:]
-    second = playbook(scenario, inventory)
+    second = playbook(scenario, inventory, *extra)
     assert second.returncode == 0 and changed(second.stdout) == 0, (
         f"{scenario} is not idempotent:\n{second.stdout[-3000:]}"
     )
@@ -112,3 +112,42 @@ def test_preflight_names_an_occupied_port_and_changes_nothing(host):
     assert result.returncode != 0
     assert "port 8000 is already in use by PID" in result.stdout and "fix:" in result.stdout
     assert on_host("test -e /opt/glmdeploy && echo touched || echo untouched").strip() == "untouched"
+
+
+OLD_DRIVER, NEW_DRIVER = "535.261.03-1", "535.309.01-0+deb12u1"  # Debian 12 bookworm / bookworm-security
+
+
+def driver_state() -> tuple[str, list[str]]:
+    out = on_host("dpkg-query -W -f '${Version}' nvidia-kernel-dkms; echo; apt-mark showhold").split()
+    return out[0], out[1:]
+
+
+def test_nvidia_driver_scenario(host):
+    """Debian's 535 driver for real on a GPU-less host: pinned, held, idempotent, upgraded only on request."""
+    refused = playbook("nvidia_driver", host)
+    assert refused.returncode != 0 and "has no NVIDIA PCI device" in refused.stdout, refused.stdout[-2000:]
+    assert "nvidia_driver_gpu_present: false" in refused.stdout
+
+    old = ("-e", "nvidia_driver_gpu_present=false", "-e", f"nvidia_driver_version={OLD_DRIVER}")
+    converge_twice("nvidia_driver", host, *old)
+    version, held = driver_state()
+    assert version == OLD_DRIVER
+    assert {"nvidia-kernel-dkms", "nvidia-smi", "libnvidia-ml1", "libcuda1", "firmware-nvidia-gsp"} <= set(held)
+    out = on_host(
+        "grep -x 'blacklist nouveau' /etc/modprobe.d/glmdeploy-blacklist-nouveau.conf; "
+        "systemctl is-enabled nvidia-persistenced; grep '^Pin:' /etc/apt/preferences.d/glmdeploy-nvidia.pref"
+    )
+    assert out.split() == ["blacklist", "nouveau", "enabled", "Pin:", "version", OLD_DRIVER], out
+
+    new = ("-e", "nvidia_driver_gpu_present=false", "-e", f"nvidia_driver_version={NEW_DRIVER}")
+    silent = playbook("nvidia_driver", host, *new)
+    assert silent.returncode != 0 and "make driver-upgrade" in silent.stdout, silent.stdout[-2000:]
+    assert driver_state()[0] == OLD_DRIVER, "a held driver changed without the upgrade path"
+
+    upgrade = playbook("nvidia_driver", host, *new, "-e", "nvidia_driver_upgrade=true")
+    assert upgrade.returncode == 0, upgrade.stdout[-3000:]
+    assert "held broken packages" not in upgrade.stdout
+    version, held = driver_state()
+    assert version == NEW_DRIVER and "nvidia-kernel-dkms" in held
+    again = playbook("nvidia_driver", host, *new)
+    assert again.returncode == 0 and changed(again.stdout) == 0, again.stdout[-3000:]

@@ -53,6 +53,8 @@ PACKAGES = (
     "ca-certificates",
 )
 CGROUP_HIERARCHIES = ("systemd", "unified")
+# Bumped whenever finish_golden() changes what a golden rootfs contains (a new cache key).
+GOLDEN_REVISION = "2"
 
 
 class HostError(RuntimeError):
@@ -98,7 +100,7 @@ def debian_mirror() -> str:
 
 # ---------------------------------------------------------------- golden rootfs
 def golden_dir() -> Path:
-    key = hashlib.sha256(" ".join(sorted(PACKAGES)).encode()).hexdigest()[:12]
+    key = hashlib.sha256(" ".join([GOLDEN_REVISION, *sorted(PACKAGES)]).encode()).hexdigest()[:12]
     return CACHE / f"golden-bookworm-{key}"
 
 
@@ -143,6 +145,10 @@ def finish_golden(rootfs: Path) -> None:
     for key in rootfs.glob("etc/ssh/ssh_host_*"):
         key.unlink()
     (rootfs / "etc/machine-id").write_text("")
+    # The controller's Debian suites (release, updates, security), as a real server has them;
+    # roles add components (the driver's non-free) to these same suites.
+    suites = sorted({(uri, suite) for uri, suite in apt_mirrors() if suite.split("-")[0] == "bookworm"})
+    (rootfs / "etc/apt/sources.list").write_text("".join(f"deb {uri} {suite} main\n" for uri, suite in suites))
     (rootfs / "etc/apt/apt.conf.d/01glmdeploy-proxy").write_text(
         f'Acquire::http::Proxy "http://{CONTROLLER}:{APT_PORT}";\n'
     )
