@@ -28,7 +28,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
+.PHONY: weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -68,6 +68,12 @@ fixture: $(FIXTURE)/SHA256SUMS ## Generate the tiny ChatGLM3-architecture fixtur
 
 # The cpu profile serves the fixture; gpu-cu121 serves pre-staged real weights (see README).
 model: $(if $(filter cpu,$(PROFILE)),fixture)
+
+weights: PROFILE = gpu-cu121
+weights: $(REFENV)/.stamp ## Stage the real model once (control node with internet): REVISION=<40-hex commit>; MIRROR=url or FROM=dir instead of the hub
+	@test -n "$(REVISION)" || { echo "error: REVISION=<commit> is required (the model repo's 40-hex commit; a branch name moves)"; exit 2; }
+	PYTHONPATH=service $(REFENV)/bin/python -m glmdeploy.weights --revision "$(REVISION)" --dest $(MODEL_DIR) \
+	  $(if $(MIRROR),--mirror $(MIRROR)) $(if $(FROM),--from $(FROM))
 
 deploy: tools $(REFENV)/.stamp wheelhouse model ## Deploy to INVENTORY (default: this machine) and run the smoke tests
 	ansible-playbook -i $(INVENTORY) playbooks/site.yml -e glmdeploy_profile=$(PROFILE) $(ANSIBLE_ARGS)
