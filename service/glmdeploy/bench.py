@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from glmdeploy import sizing
 from glmdeploy.client import ApiClient
 from glmdeploy.config import NodeConfig
 
@@ -191,7 +192,8 @@ def hardware_class(info: dict[str, Any]) -> str:
     """Baselines are kept per class: the GPU model and count, or the CPU count on GPU-less nodes."""
     gpus = info.get("gpus") or []
     if gpus:
-        name = gpus[0].lower().replace("nvidia", "").strip().replace(" ", "-")
+        # The sizing classes (rtx-4090, a10, h200, ...) name known cards; another card keeps its own name.
+        name = sizing.classify(gpus[0]) or gpus[0].lower().replace("nvidia", "").strip().replace(" ", "-")
         return f"{name}x{len(gpus)}"
     return f"cpu{info.get('cpu_count')}"
 

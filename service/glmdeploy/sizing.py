@@ -37,6 +37,9 @@ MAX_MODEL_LEN = 32_768
 ACTIVATION_BYTES_PER_BATCHED_TOKEN = 100 * KIB  # peak of one forward pass, per token in the batch
 FIXED_OVERHEAD_BYTES = 1 * GIB  # CUDA context, cuBLAS workspaces, CUDA graphs
 
+# Tensor parallel sizes vLLM accepts for 32 attention heads on one host.
+TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
+
 # The design point for max_num_seqs: a chat of ~2k tokens (history + reply) per running sequence.
 TYPICAL_SEQUENCE_TOKENS = 2048
 
@@ -55,6 +58,7 @@ GPU_CLASSES: dict[str, dict[str, object]] = {
 @dataclass(frozen=True)
 class Settings:
     gpu_class: str
+    tensor_parallel_size: int
     memory_gib: float
     gpu_memory_utilization: float
     max_num_batched_tokens: int
@@ -66,7 +70,9 @@ class Settings:
     contexts_1k: int
 
     def vllm_args(self) -> list[str]:
+        tp = ["--tensor-parallel-size", str(self.tensor_parallel_size)] if self.tensor_parallel_size > 1 else []
         return [
+            *tp,
             "--gpu-memory-utilization",
             f"{self.gpu_memory_utilization:.2f}",
             "--max-num-batched-tokens",
@@ -84,12 +90,26 @@ def _power_of_two_at_most(value: float) -> int:
     return result
 
 
-def settings_for(gpu_class: str, memory_mib: int, chunked_prefill: bool, utilization: float = 0.90) -> Settings:
-    """The settings for one card; raises ValueError when the model does not fit at all."""
+def kv_bytes_per_token_per_gpu(tensor_parallel: int) -> int:
+    """Each GPU keeps its share of the KV groups; past 2-way, vLLM replicates ChatGLM3's 2 groups."""
+    return KV_BYTES_PER_TOKEN // min(tensor_parallel, KV_GROUPS)
+
+
+def settings_for(
+    gpu_class: str, memory_mib: int, chunked_prefill: bool, utilization: float = 0.90, tensor_parallel: int = 1
+) -> Settings:
+    """The settings for one card (or `tensor_parallel` such cards in one host); ValueError when it does not fit."""
+    if tensor_parallel not in TENSOR_PARALLEL_SIZES:
+        raise ValueError(
+            f"tensor parallel size {tensor_parallel}: ChatGLM3's 32 attention heads split"
+            f" {', '.join(map(str, TENSOR_PARALLEL_SIZES))} ways"
+        )
     batched = (16_384 if memory_mib * MIB >= 40 * GIB else 8_192) if chunked_prefill else MAX_MODEL_LEN
-    budget = memory_mib * MIB * utilization
-    kv_bytes = budget - WEIGHT_BYTES - batched * ACTIVATION_BYTES_PER_BATCHED_TOKEN - FIXED_OVERHEAD_BYTES
-    kv_tokens = int(kv_bytes // KV_BYTES_PER_TOKEN)
+    budget = memory_mib * MIB * utilization  # per GPU
+    kv_bytes = (
+        budget - WEIGHT_BYTES / tensor_parallel - batched * ACTIVATION_BYTES_PER_BATCHED_TOKEN - FIXED_OVERHEAD_BYTES
+    )
+    kv_tokens = int(kv_bytes // kv_bytes_per_token_per_gpu(tensor_parallel))
     if kv_tokens < MAX_MODEL_LEN:
         raise ValueError(
             f"{gpu_class}: {memory_mib} MiB at utilisation {utilization} leaves KV cache for"
@@ -99,11 +119,12 @@ def settings_for(gpu_class: str, memory_mib: int, chunked_prefill: bool, utiliza
     seqs = max(16, min(512, _power_of_two_at_most(kv_tokens / TYPICAL_SEQUENCE_TOKENS)))
     return Settings(
         gpu_class=gpu_class,
+        tensor_parallel_size=tensor_parallel,
         memory_gib=round(memory_mib * MIB / GIB, 2),
         gpu_memory_utilization=utilization,
         max_num_batched_tokens=batched,
         max_num_seqs=seqs,
-        kv_cache_gib=round(kv_bytes / GIB, 2),
+        kv_cache_gib=round(kv_bytes * tensor_parallel / GIB, 2),
         kv_cache_tokens=kv_tokens,
         contexts_32k=kv_tokens // MAX_MODEL_LEN,
         contexts_4k=kv_tokens // 4096,
@@ -111,11 +132,16 @@ def settings_for(gpu_class: str, memory_mib: int, chunked_prefill: bool, utiliza
     )
 
 
-def for_class(gpu_class: str) -> Settings:
+def for_class(gpu_class: str, tensor_parallel: int = 1) -> Settings:
     if gpu_class not in GPU_CLASSES:
         raise ValueError(f"unknown GPU class {gpu_class!r}; known: {', '.join(GPU_CLASSES)}")
     spec = GPU_CLASSES[gpu_class]
-    return settings_for(gpu_class, int(spec["memory_mib"]), bool(spec["chunked_prefill"]))  # type: ignore[call-overload]
+    return settings_for(
+        gpu_class,
+        int(spec["memory_mib"]),  # type: ignore[call-overload]
+        bool(spec["chunked_prefill"]),
+        tensor_parallel=tensor_parallel,
+    )
 
 
 def classify(name: str) -> str | None:
@@ -161,15 +187,22 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("table", help="print the settings of every known GPU class as a Markdown table")
     show = sub.add_parser("show", help="the settings of one class")
     show.add_argument("gpu_class", choices=sorted(GPU_CLASSES))
-    show.add_argument("--json", action="store_true")
     det = sub.add_parser("detect", help="detect this node's GPU class through NVML and print its settings")
-    det.add_argument("--json", action="store_true")
+    for cmd in (show, det):
+        cmd.add_argument("--json", action="store_true")
+        cmd.add_argument(
+            "--tensor-parallel",
+            type=int,
+            default=1,
+            choices=TENSOR_PARALLEL_SIZES,
+            help="GPUs of this host serving one model (default 1)",
+        )
     args = parser.parse_args(argv)
     if args.command == "table":
         print(table())
         return 0
     if args.command == "show":
-        settings = for_class(args.gpu_class)
+        settings = for_class(args.gpu_class, args.tensor_parallel)
     else:
         try:
             name, memory = detect()
@@ -187,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        settings = for_class(gpu_class)
+        settings = for_class(gpu_class, args.tensor_parallel)
     if args.json:
         print(json.dumps({**asdict(settings), "vllm_args": settings.vllm_args()}, indent=2))
     else:

@@ -138,6 +138,8 @@ def test_nvidia_driver_scenario(host):
         "systemctl is-enabled nvidia-persistenced; grep '^Pin:' /etc/apt/preferences.d/glmdeploy-nvidia.pref"
     )
     assert out.split() == ["blacklist", "nouveau", "enabled", "Pin:", "version", OLD_DRIVER], out
+    dry = playbook("nvidia_driver", host, *old, "--check")
+    assert dry.returncode == 0 and changed(dry.stdout) == 0, dry.stdout[-3000:]
 
     new = ("-e", "nvidia_driver_gpu_present=false", "-e", f"nvidia_driver_version={NEW_DRIVER}")
     silent = playbook("nvidia_driver", host, *new)

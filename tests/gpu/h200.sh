@@ -15,6 +15,7 @@
 #   tests/gpu/h200.sh stage1   install the wheels, stash piece 1, NVML smoke checks
 #   tests/gpu/h200.sh stage2   assemble vLLM, start the kit-tuned server, smoke suite, bench
 #   tests/gpu/h200.sh stage3   engine defaults, prefix caching off, one request at a time
+#   tests/gpu/h200.sh tp2      (nvidia-h200-x2, after stage1) tensor parallel 2 with the kit's TP sizing
 #   tests/gpu/h200.sh baseline the smoke suite's throughput baseline (after stage1)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -57,8 +58,8 @@ start_server() {  # $1: label; the rest: extra vLLM arguments
   echo "==> [$label] not ready after 300 s"; tail -40 "$log"; return 1
 }
 
-kit_args() {  # the settings glmdeploy.sizing derives for this node's GPU, as vLLM arguments
-  python3 -m glmdeploy.sizing detect --json | python3 -c "import json,sys; print(' '.join(json.load(sys.stdin)['vllm_args']))"
+kit_args() {  # the settings glmdeploy.sizing derives for this node's GPU, as vLLM arguments ($@: sizing options)
+  python3 -m glmdeploy.sizing detect --json "$@" | python3 -c "import json,sys; print(' '.join(json.load(sys.stdin)['vllm_args']))"
 }
 
 stop_server() { kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null; sleep 2; }
@@ -104,6 +105,17 @@ baseline)  # the smoke suite's throughput baseline for this class, then the smok
   cls=$(python3 -c "import json; d=json.load(open('$OUT/baseline.json')); print(d['profile'] + '-' + d['hardware_class'])")
   cp "$OUT/baseline.json" "smoke_tests/baselines/$cls.json"
   GLMDEPLOY_NODE_CONFIG=$NODE python3 -m pytest -q -rs -p no:cacheprovider smoke_tests/test_throughput.py 2>&1 | tee "$OUT/smoke-throughput.txt"
+  stop_server
+  ;;
+tp2)  # tensor parallel across both GPUs of an nvidia-h200-x2 machine (after stage1 there)
+  cp .gpu/vllm.tar.xz.part* "$STASH"/ 2>/dev/null
+  [ -d "$SITE/vllm" ] || { cat "$STASH"/vllm.tar.xz.part* | xz -d -T0 | tar -C "$SITE" -xf - || exit 1; }
+  python3 -m glmdeploy.sizing detect --tensor-parallel 2 --json | tee "$OUT/sizing-tp2.json"
+  start_server tp2 $(kit_args --tensor-parallel 2) || exit 1
+  grep -iE "KV cache|GPU blocks|tensor_parallel_size=" "$OUT/server-tp2.log" | cut -c1-400 | tee "$OUT/kv-tp2.txt"
+  GLMDEPLOY_NODE_CONFIG=$NODE python3 -m pytest -q -rs -p no:cacheprovider smoke_tests/test_gpu.py \
+    smoke_tests/test_node.py smoke_tests/test_generation.py --junitxml "$OUT/smoke-tp2.xml" 2>&1 | tee "$OUT/smoke-tp2.txt"
+  bench tp2 --input-lens 512 --output-lens 256 --concurrency 1,64
   stop_server
   ;;
 stage3)

@@ -43,3 +43,25 @@ def test_card_too_small_for_one_full_context_is_refused_with_a_reason():
 )
 def test_nvml_names_map_to_classes(name, expected):
     assert sizing.classify(name) == expected
+
+
+def test_baseline_key_uses_the_sizing_class_for_known_cards_and_the_name_otherwise():
+    from glmdeploy import bench
+
+    assert bench.hardware_class({"gpus": ["NVIDIA H200"]}) == "h200x1"
+    assert bench.hardware_class({"gpus": ["NVIDIA GeForce RTX 4090"] * 2}) == "rtx-4090x2"
+    assert bench.hardware_class({"gpus": ["NVIDIA B200"]}) == "b200x1"
+    assert bench.hardware_class({"gpus": [], "cpu_count": 2}) == "cpu2"
+
+
+def test_two_rtx_4090_in_tensor_parallel_by_hand():
+    """Per GPU: 0.90 x 24,564 MiB, minus half the weights, minus 32,768 x 100 KiB, minus 1 GiB,
+    at 14 KiB per token (each GPU keeps one of ChatGLM3's two KV groups)."""
+    kib = 1024
+    per_gpu = 24_564 * 2**20 * 0.90 - 6_243_584_000 * 2 / 2 - 32_768 * 100 * kib - 2**30
+    s = sizing.for_class("rtx-4090", tensor_parallel=2)
+    assert s.kv_cache_tokens == int(per_gpu // (14 * kib)) == 872_539
+    assert s.contexts_32k == 26 and s.vllm_args()[:2] == ["--tensor-parallel-size", "2"]
+    assert sizing.kv_bytes_per_token_per_gpu(4) == 14 * kib  # past 2-way the groups are replicated
+    with pytest.raises(ValueError, match="32 attention heads"):
+        sizing.for_class("rtx-4090", tensor_parallel=3)
