@@ -28,7 +28,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
+.PHONY: lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -81,6 +81,17 @@ deploy: tools $(REFENV)/.stamp wheelhouse model ## Deploy to INVENTORY (default:
 undeploy: tools ## Stop the services and remove the deployment (keeps artifacts/)
 	ansible-playbook -i $(INVENTORY) playbooks/undeploy.yml $(ANSIBLE_ARGS)
 
+lb: tools ## Configure the load balancer (INVENTORY's glmdeploy_lb group) in front of the nodes
+	ansible-playbook -i $(INVENTORY) playbooks/lb.yml $(ANSIBLE_ARGS)
+
+drain: tools ## Take HOST out of the load balancer (in-flight requests finish; it stays drained until undrain)
+	@test -n "$(HOST)" || { echo "error: HOST=<inventory name of a node> is required"; exit 2; }
+	ansible-playbook -i $(INVENTORY) playbooks/lb.yml -e '{"load_balancer_drain": ["$(HOST)"]}' $(ANSIBLE_ARGS)
+
+undrain: tools ## Put HOST back behind the load balancer
+	@test -n "$(HOST)" || { echo "error: HOST=<inventory name of a node> is required"; exit 2; }
+	ansible-playbook -i $(INVENTORY) playbooks/lb.yml -e '{"load_balancer_undrain": ["$(HOST)"]}' $(ANSIBLE_ARGS)
+
 driver: tools ## Install the pinned NVIDIA driver on INVENTORY's nodes (held; reboots a node only when the driver changed)
 	ansible-playbook -i $(INVENTORY) playbooks/driver.yml $(ANSIBLE_ARGS)
 
@@ -108,7 +119,7 @@ verify: tools ## Smoke suite + fingerprint on every node of INVENTORY, then one 
 lint: tools ## ansible-lint (production profile), yamllint, ruff, playbook syntax check
 	yamllint -s .
 	ansible-lint --profile production --strict playbooks roles tests/scenarios
-	ansible-playbook -i playbooks/localhost.ini --syntax-check playbooks/site.yml playbooks/undeploy.yml playbooks/smoke.yml playbooks/driver.yml playbooks/baseline.yml
+	ansible-playbook -i playbooks/localhost.ini --syntax-check playbooks/site.yml playbooks/undeploy.yml playbooks/smoke.yml playbooks/driver.yml playbooks/baseline.yml playbooks/lb.yml
 	ruff check service smoke_tests tests constraints roles plugins
 	ruff format --check service smoke_tests tests constraints roles plugins
 

@@ -8,12 +8,15 @@ localhost deployment is gone and the memory is free.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -139,6 +142,120 @@ def test_a_generation_works_on_the_node(fleet, host):
 def test_hosts_have_no_route_out(fleet, host):
     out = on_host(host, "ip route show default; ip route")
     assert "default" not in out.stdout and "10.77.0.0/24" in out.stdout
+
+
+# The balancer runs on testhost1 (hostctl's inventory puts it in glmdeploy_lb); the nodes
+# listen on their bridge addresses, so the API requires the deployment's key.
+LB_API = f"http://{hostctl.host_ip('testhost1')}:9000/v1"
+KEY_FILE = ROOT / "artifacts" / "secrets" / "api_key"
+
+
+def lb_generate(key: str | None, max_tokens: int = 8, timeout: float = 120) -> tuple[int, str]:
+    """One streamed completion through the balancer: (HTTP status, text); status 0 on a broken stream."""
+    body = {"model": "chatglm3-6b-32k", "prompt": [64790, 64792, 64795, 259, 13, 259, 1028, 3617, 64796]}
+    body |= {"max_tokens": max_tokens, "stream": True}
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
+    req = urllib.request.Request(LB_API + "/completions", data=json.dumps(body).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            text, done = "", False
+            for raw in resp:
+                line = raw.decode().strip()
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: "):
+                    text += json.loads(line[6:])["choices"][0]["text"]
+            return (resp.status if done else 0), text
+    except urllib.error.HTTPError as err:
+        return err.code, ""
+    except (OSError, ValueError):
+        return 0, ""
+
+
+def completions_served(host: str) -> int:
+    out = on_host(host, "journalctl -u glmdeploy-vllm_server -o cat | grep -c 'POST /v1/completions' || true")
+    return int(out.stdout.strip() or 0)
+
+
+def test_api_beyond_localhost_requires_the_key_and_the_key_stays_secret(fleet):
+    assert KEY_FILE.stat().st_mode & 0o777 == 0o600
+    key = KEY_FILE.read_text().strip()
+    assert lb_generate(None)[0] == 401, "the API answered without the key"
+    assert lb_generate("not-the-key")[0] == 401
+    status, text = lb_generate(key)
+    assert status == 200 and text, "no streamed text through the balancer with the key"
+    out = on_host(
+        "testhost2",
+        "stat -c '%U %a' /etc/glmdeploy/vllm_server.env; stat -c '%U %G %a' /etc/glmdeploy/node.json; "
+        "grep -c VLLM_API_KEY /etc/systemd/system/glmdeploy-vllm_server.service || true",
+    )
+    assert out.stdout.split() == ["root", "600", "root", "glmdeploy", "640", "0"], out.stdout
+    leaked = [log.name for log in (ROOT / "reports" / "e2e-logs").glob("*.log") if key in log.read_text()]
+    assert not leaked, f"the API key appears in {leaked}"
+
+
+def test_drained_node_gets_no_requests_until_undrained(fleet):
+    key = KEY_FILE.read_text().strip()
+    drained = make("drain", f"INVENTORY={fleet['inventory']}", "HOST=testhost2")
+    assert drained.returncode == 0, drained.stdout[-2000:]
+    before = completions_served("testhost2")
+    assert all(lb_generate(key, max_tokens=2)[0] == 200 for _ in range(9))
+    assert completions_served("testhost2") == before, "a drained node was sent requests"
+    back = make("undrain", f"INVENTORY={fleet['inventory']}", "HOST=testhost2")
+    assert back.returncode == 0, back.stdout[-2000:]
+    assert all(lb_generate(key, max_tokens=2)[0] == 200 for _ in range(9))
+    assert completions_served("testhost2") > before, "an undrained node got no requests"
+    refused = make("drain", f"INVENTORY={fleet['inventory']}", "HOST=nosuchhost")
+    assert refused.returncode != 0 and "is not in the inventory group" in refused.stdout
+
+
+def test_ui_behind_the_balancer_can_require_basic_auth(fleet, tmp_path):
+    users = tmp_path / "users.json"  # a file, as an admin would keep it (never on a command line)
+    users.write_text('{"load_balancer_ui_users": [{"name": "lab", "password": "drill-only"}]}')
+    applied = make("lb", f"INVENTORY={fleet['inventory']}", f"ANSIBLE_ARGS=-e @{users}")
+    assert applied.returncode == 0, applied.stdout[-2000:]
+    assert "drill-only" not in applied.stdout, "a UI password was printed"
+    ui = f"http://{hostctl.host_ip('testhost1')}:9501/"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(ui, timeout=30)
+    assert refused.value.code == 401
+    auth = {"Authorization": "Basic " + base64.b64encode(b"lab:drill-only").decode()}
+    with urllib.request.urlopen(urllib.request.Request(ui, headers=auth), timeout=30) as page:
+        assert page.status == 200 and b"streamlit" in page.read().lower()
+
+
+def test_killed_vllm_is_restarted_while_the_balancer_routes_around_it(fleet):
+    """Fault drill: two streams of chats through the balancer while one node's vLLM gets kill -9."""
+    key = KEY_FILE.read_text().strip()
+    stop, results = threading.Event(), []
+
+    def load() -> None:
+        while not stop.is_set():
+            results.append(lb_generate(key, max_tokens=16)[0])
+
+    streams = [threading.Thread(target=load, daemon=True) for _ in range(2)]
+    for t in streams:
+        t.start()
+    time.sleep(3)
+    killed = on_host("testhost3", "kill -9 $(systemctl show -p MainPID --value glmdeploy-vllm_server) && date +%s.%N")
+    assert killed.returncode == 0, killed.stderr
+    start = time.monotonic()
+    ready = on_host(
+        "testhost3",
+        "cd /tmp && PYTHONPATH=/opt/glmdeploy/app /opt/glmdeploy/current/venv/bin/python -m glmdeploy.ready "
+        "--config /etc/glmdeploy/node.json --timeout 300",
+    )
+    recover_s = round(time.monotonic() - start, 1)
+    time.sleep(3)
+    stop.set()
+    for t in streams:
+        t.join(timeout=150)
+    failed = sum(1 for status in results if status != 200)
+    FIGURES["kill -9 drill: requests sent / failed / node ready again (s)"] = [len(results), failed, recover_s]
+    assert ready.returncode == 0, f"vLLM did not come back after kill -9: {ready.stdout}{ready.stderr}"
+    # Only the streams that were on the killed node at that moment may break (one per stream at most).
+    assert failed <= len(streams), f"{failed} of {len(results)} requests failed through the balancer"
+    assert results.count(200) > len(streams), "the balancer served nothing while the node was down"
 
 
 # Each host gets its own breakage, made in place on the node the way drift happens in a lab

@@ -303,6 +303,12 @@ def write_inventory(names: list[str], key: Path) -> Path:
         f"glmdeploy_artifact_url=http://{CONTROLLER}:{ARTIFACT_PORT}",
         "# The hosts share this machine's CPUs: one throughput check at a time.",
         "smoke_throttle=1",
+        "# Served on the bridge, behind the balancer on the first host: the API then requires the key.",
+        "vllm_server_host={{ ansible_host }}",
+        "chat_ui_host={{ ansible_host }}",
+        "",
+        "[glmdeploy_lb]",
+        names[0],
     ]
     inventory = STATE / "inventory.ini"
     inventory.write_text("\n".join(lines) + "\n")
