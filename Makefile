@@ -28,7 +28,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
+.PHONY: drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -128,7 +128,13 @@ unit: tools $(REFENV)/.stamp fixture ## Unit tests of service/ and the lock tool
 
 e2e: tools ## End-to-end: real make deploy here, API + headless-browser chat, broken-setup cases, undeploy
 	rm -rf reports/e2e-logs
-	$(TOOLS)/bin/python -m pytest -q -rs -p no:cacheprovider --durations=15 tests/e2e $(PYTEST_ARGS)
+	$(TOOLS)/bin/python -m pytest -q -rs -p no:cacheprovider --durations=15 -m "not drill" tests/e2e $(PYTEST_ARGS)
+
+drills: tools ## Fault drills under load on 3 test hosts (the fleet tests plus the drills; ~12 min); output in bench/drills/last-run.txt
+	rm -rf reports/e2e-logs
+	@mkdir -p bench/drills
+	set -o pipefail; $(TOOLS)/bin/python -m pytest -q -rs -p no:cacheprovider --durations=15 tests/e2e/test_fleet.py $(PYTEST_ARGS) \
+	  2>&1 | tee bench/drills/last-run.txt
 
 test: lint lock-check unit e2e ## Everything CI runs: lint, lock re-resolve check, unit tests, end-to-end deploy
 

@@ -16,6 +16,7 @@ import platform
 import sys
 from importlib import metadata
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from glmdeploy.config import NodeConfig
 from glmdeploy.manifest import check_manifest, file_sha256
@@ -65,6 +66,23 @@ def _file_digest(path: Path) -> str:
     return file_sha256(path)[:16] if path.exists() else "missing"
 
 
+def units_digest(units: list[Path], own_addresses: set[str]) -> str:
+    """Unit files compared as templates: the node's own listen address (behind a balancer every
+    node has its own) is replaced by a placeholder, so identical nodes get identical digests."""
+    lines = []
+    for path in units:
+        text = path.read_text(errors="replace")
+        for address in sorted(own_addresses, key=len, reverse=True):
+            text = text.replace(address, "<node-address>")
+        lines.append(f"{path.name} {_digest(text)}")
+    return _digest("\n".join(lines))
+
+
+def _own_addresses(node: NodeConfig) -> set[str]:
+    hosts = {urlsplit(url).hostname for url in (node.api_url, node.ui_url) if url}
+    return {h for h in hosts if h and h not in ("127.0.0.1", "localhost", "::1")}
+
+
 def collect(node: NodeConfig, release: Path, golden_dir: Path) -> dict[str, object]:
     packages = installed_packages()
     units = sorted(p for pattern in UNIT_GLOBS for p in Path("/").glob(pattern.lstrip("/")))
@@ -84,7 +102,7 @@ def collect(node: NodeConfig, release: Path, golden_dir: Path) -> dict[str, obje
         # The files themselves, re-hashed now: a file edited in place leaves the manifest unchanged.
         "model_files": "; ".join(check_manifest(model)) or "match manifest",
         "tokenizer_golden": _file_digest(golden_dir / f"{model.name}.json"),
-        "units": _digest("\n".join(f"{p.name} {file_sha256(p)}" for p in units)),
+        "units": units_digest(units, _own_addresses(node)),
         "dtype": json.loads((model / "config.json").read_text()).get("torch_dtype", "unknown"),
         "_package_versions": packages,
     }

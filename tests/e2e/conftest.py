@@ -18,6 +18,12 @@ NODE_CONFIG = Path("/etc/glmdeploy/node.json")
 FIGURES: dict[str, object] = {}
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "drill: fault drill under load; `make drills` runs these, `make e2e` (CI) leaves them out"
+    )
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not FIGURES:
         return

@@ -224,8 +224,14 @@ def test_ui_behind_the_balancer_can_require_basic_auth(fleet, tmp_path):
         assert page.status == 200 and b"streamlit" in page.read().lower()
 
 
+@pytest.mark.drill
 def test_killed_vllm_is_restarted_while_the_balancer_routes_around_it(fleet):
-    """Fault drill: two streams of chats through the balancer while one node's vLLM gets kill -9."""
+    """Fault drill: two streams of chats through the balancer while one node's vLLM gets kill -9.
+
+    The node has no route out (test_hosts_have_no_route_out): its restart also shows that a node
+    cut off from the outside starts and serves, since nothing is fetched at run time.
+    """
+    assert "default" not in on_host("testhost3", "ip route show default").stdout
     key = KEY_FILE.read_text().strip()
     stop, results = threading.Event(), []
 

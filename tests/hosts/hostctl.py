@@ -410,8 +410,12 @@ def down() -> None:
         log("no test hosts")
         return
     hosts = sorted(p for p in STATE.glob("testhost*") if p.is_dir())
-    # Throwaway hosts: 10 s to power off cleanly, then SIGKILL (a graceful stop of vLLM alone can take 30 s).
-    stop_pids([hdir / "pid" for hdir in hosts], timeout=10)
+    # Throwaway hosts: 3 s to power off, then every process left in each host's cgroups is
+    # killed (killing nspawn alone leaves the host's systemd and services running, and a
+    # graceful stop of vLLM can take 30 s).
+    stop_pids([hdir / "pid" for hdir in hosts], timeout=3)
+    for hdir in hosts:
+        kill_cgroups(hdir.name)
     for hdir in hosts:
         name = hdir.name
         run("umount", "-l", str(hdir / "merged"), check=False)
@@ -428,8 +432,36 @@ def down() -> None:
         log(f"{name} removed")
     stop_pids([STATE / "aptproxy.pid", STATE / "artifacts.pid"], timeout=5)
     run("ip", "link", "del", BRIDGE, check=False)
-    for leftover in ("inventory.ini", "hosts.json"):
-        (STATE / leftover).unlink(missing_ok=True)
+    for leftover in [*STATE.glob("inventory*.ini"), STATE / "hosts.json"]:
+        leftover.unlink(missing_ok=True)
+
+
+def kill_cgroups(name: str, timeout: float = 10) -> None:
+    """SIGKILL every process of the host (cgroup.kill where the kernel has it), then wait until none is left."""
+    groups = [Path("/sys/fs/cgroup") / h / f"glmdeploy-{name}" for h in CGROUP_HIERARCHIES]
+    groups = [cg for cg in groups if cg.exists()]
+    for cg in groups:
+        if (cg / "cgroup.kill").exists():
+            with contextlib.suppress(OSError):
+                (cg / "cgroup.kill").write_text("1")
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = {int(pid) for cg in groups for f in cg.rglob("cgroup.procs") for pid in _read_pids(f)}
+        if not pids or time.monotonic() > deadline:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+    if pids:
+        log(f"{name}: processes {sorted(pids)} survived SIGKILL")
+
+
+def _read_pids(procs: Path) -> list[str]:
+    try:
+        return procs.read_text().split()
+    except OSError:
+        return []
 
 
 def remove_cgroup(cg: Path) -> None:

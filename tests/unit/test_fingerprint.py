@@ -1,0 +1,27 @@
+"""glmdeploy.fingerprint: unit files compare as templates across nodes with their own addresses."""
+
+from __future__ import annotations
+
+from glmdeploy import fingerprint
+
+UNIT = "ExecStart=/opt/glmdeploy/current/venv/bin/python -m vllm --host {ip} --port 8000\n"
+
+
+def _unit(tmp_path, host, ip):
+    path = tmp_path / host / "glmdeploy-vllm_server.service"
+    path.parent.mkdir()
+    path.write_text(UNIT.format(ip=ip))
+    return path
+
+
+def test_units_that_differ_only_in_the_node_address_have_one_digest(tmp_path):
+    one = fingerprint.units_digest([_unit(tmp_path, "h1", "10.77.0.11")], {"10.77.0.11"})
+    two = fingerprint.units_digest([_unit(tmp_path, "h2", "10.77.0.12")], {"10.77.0.12"})
+    assert one == two
+
+
+def test_a_unit_changed_beyond_the_address_still_differs(tmp_path):
+    one = fingerprint.units_digest([_unit(tmp_path, "h1", "10.77.0.11")], {"10.77.0.11"})
+    other = _unit(tmp_path, "h2", "10.77.0.12")
+    other.write_text(other.read_text().replace("8000", "8001"))
+    assert fingerprint.units_digest([other], {"10.77.0.12"}) != one
