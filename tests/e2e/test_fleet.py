@@ -235,9 +235,10 @@ def test_killed_vllm_is_restarted_while_the_balancer_routes_around_it(fleet):
     key = KEY_FILE.read_text().strip()
     stop, results = threading.Event(), []
 
-    def load() -> None:
+    def load() -> None:  # bounded: one chat per second per stream (the 3 hosts share 2 cores)
         while not stop.is_set():
             results.append(lb_generate(key, max_tokens=16)[0])
+            stop.wait(1.0)
 
     streams = [threading.Thread(target=load, daemon=True) for _ in range(2)]
     for t in streams:
