@@ -79,8 +79,7 @@ def units_digest(units: list[Path], own_addresses: set[str]) -> str:
 
 
 def _own_addresses(node: NodeConfig) -> set[str]:
-    hosts = {urlsplit(url).hostname for url in (node.api_url, node.ui_url) if url}
-    return {h for h in hosts if h and h not in ("127.0.0.1", "localhost", "::1")}
+    return {host for url in (node.api_url, node.ui_url) if url and (host := urlsplit(url).hostname)}
 
 
 def collect(node: NodeConfig, release: Path, golden_dir: Path) -> dict[str, object]:

@@ -416,8 +416,7 @@ def down() -> None:
     # killed (killing nspawn alone leaves the host's systemd and services running, and a
     # graceful stop of vLLM can take 30 s).
     stop_pids([hdir / "pid" for hdir in hosts], timeout=3)
-    for hdir in hosts:
-        kill_cgroups(hdir.name)
+    kill_cgroups([hdir.name for hdir in hosts])
     for hdir in hosts:
         name = hdir.name
         run("umount", "-l", str(hdir / "merged"), check=False)
@@ -438,24 +437,31 @@ def down() -> None:
         leftover.unlink(missing_ok=True)
 
 
-def kill_cgroups(name: str, timeout: float = 10) -> None:
-    """SIGKILL every process of the host (cgroup.kill where the kernel has it), then wait until none is left."""
-    groups = [Path("/sys/fs/cgroup") / h / f"glmdeploy-{name}" for h in CGROUP_HIERARCHIES]
-    groups = [cg for cg in groups if cg.exists()]
-    for cg in groups:
+def kill_cgroups(names: list[str], timeout: float = 10) -> None:
+    """SIGKILL every process of these hosts (cgroup.kill where the kernel has it), then wait until none is left.
+
+    All hosts are killed first and waited for together: a vLLM host takes seconds to release its memory.
+    """
+    groups = {name: [Path("/sys/fs/cgroup") / h / f"glmdeploy-{name}" for h in CGROUP_HIERARCHIES] for name in names}
+    groups = {name: [cg for cg in cgs if cg.exists()] for name, cgs in groups.items()}
+    for cg in (cg for cgs in groups.values() for cg in cgs):
         if (cg / "cgroup.kill").exists():
             with contextlib.suppress(OSError):
                 (cg / "cgroup.kill").write_text("1")
     deadline = time.monotonic() + timeout
     while True:
-        pids = {int(pid) for cg in groups for f in cg.rglob("cgroup.procs") for pid in _read_pids(f)}
-        if not pids or time.monotonic() > deadline:
+        left = {
+            name: {int(p) for cg in cgs for f in cg.rglob("cgroup.procs") for p in _read_pids(f)}
+            for name, cgs in groups.items()
+        }
+        left = {name: pids for name, pids in left.items() if pids}
+        if not left or time.monotonic() > deadline:
             break
-        for pid in pids:
+        for pid in (pid for pids in left.values() for pid in pids):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.1)
-    if pids:
+    for name, pids in left.items():
         log(f"{name}: processes {sorted(pids)} survived SIGKILL")
 
 
