@@ -22,13 +22,16 @@ PYTEST_ARGS ?=
 NODE_CONFIG ?= /etc/glmdeploy/node.json
 URL       ?=
 MODEL     ?= chatglm3-6b-32k
+# make rollout: nodes per batch, and the share of a batch that may fail before it stops (percent).
+ROLLOUT_SERIAL   ?= 1
+ROLLOUT_MAX_FAIL ?= 0
 BENCH_ARGS ?=
 
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
+.PHONY: rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -92,6 +95,23 @@ undrain: tools ## Put HOST back behind the load balancer
 	@test -n "$(HOST)" || { echo "error: HOST=<inventory name of a node> is required"; exit 2; }
 	ansible-playbook -i $(INVENTORY) playbooks/lb.yml -e '{"load_balancer_undrain": ["$(HOST)"]}' $(ANSIBLE_ARGS)
 
+rollout: tools $(REFENV)/.stamp wheelhouse model ## Upgrade the fleet one node at a time out of the balancer (ROLLOUT_SERIAL=1, ROLLOUT_MAX_FAIL=0); a failing node returns to its previous release
+	@rc=0; ansible-playbook -i $(INVENTORY) playbooks/rollout.yml -e glmdeploy_profile=$(PROFILE) \
+	  -e rollout_serial=$(ROLLOUT_SERIAL) -e rollout_max_fail_percentage=$(ROLLOUT_MAX_FAIL) $(ANSIBLE_ARGS) || rc=$$?; \
+	  $(MAKE) --no-print-directory releases; exit $$rc
+
+rollback: tools ## Return every node (or HOST=node) to its previous release, one at a time out of the balancer
+	@rc=0; ansible-playbook -i $(INVENTORY) playbooks/rollback.yml $(if $(HOST),--limit $(HOST)) $(ANSIBLE_ARGS) || rc=$$?; \
+	  $(MAKE) --no-print-directory releases; exit $$rc
+
+releases: tools ## Which release each node of INVENTORY runs, and which it would roll back to
+	ansible-playbook -i $(INVENTORY) playbooks/releases.yml $(ANSIBLE_ARGS)
+	@$(MAKE) --no-print-directory releases-table
+
+releases-table:
+	@echo "==> releases per node (reports/releases/)"
+	@PYTHONPATH=service $(TOOLS)/bin/python -m glmdeploy.release table reports/releases/*.json
+
 driver: tools ## Install the pinned NVIDIA driver on INVENTORY's nodes (held; reboots a node only when the driver changed)
 	ansible-playbook -i $(INVENTORY) playbooks/driver.yml $(ANSIBLE_ARGS)
 
@@ -119,7 +139,7 @@ verify: tools ## Smoke suite + fingerprint on every node of INVENTORY, then one 
 lint: tools ## ansible-lint (production profile), yamllint, ruff, playbook syntax check
 	yamllint -s .
 	ansible-lint --profile production --strict playbooks roles tests/scenarios
-	ansible-playbook -i playbooks/localhost.ini --syntax-check playbooks/site.yml playbooks/undeploy.yml playbooks/smoke.yml playbooks/driver.yml playbooks/baseline.yml playbooks/lb.yml
+	ansible-playbook -i playbooks/localhost.ini --syntax-check playbooks/site.yml playbooks/undeploy.yml playbooks/smoke.yml playbooks/driver.yml playbooks/baseline.yml playbooks/lb.yml playbooks/rollout.yml playbooks/rollback.yml playbooks/releases.yml
 	ruff check service smoke_tests tests constraints roles plugins
 	ruff format --check service smoke_tests tests constraints roles plugins
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 DEFAULT_PATH = Path("/etc/glmdeploy/node.json")
@@ -24,6 +24,9 @@ class NodeConfig:
     profile: str
     dtype: str
     ui_url: str = ""
+    # The model's name (golden files and manifests are kept under it); model_dir's last part
+    # carries the manifest digest on a node (/opt/glmdeploy/models/<name>-<digest>).
+    model_name: str = ""
     api_key: str = ""
     # The profile's GPU requirements (min_driver, min_memory_mib); empty on GPU-less profiles.
     gpu: dict[str, object] = field(default_factory=dict)
@@ -37,4 +40,5 @@ class NodeConfig:
         source = Path(path or os.environ.get(ENV_VAR) or DEFAULT_PATH)
         data = json.loads(source.read_text(encoding="utf-8"))
         known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        node = cls(**{k: v for k, v in data.items() if k in known})
+        return node if node.model_name else replace(node, model_name=Path(node.model_dir).name)

@@ -94,13 +94,14 @@ def collect(node: NodeConfig, release: Path, golden_dir: Path) -> dict[str, obje
         "python": platform.python_version(),
         "profile": node.profile,
         "release": release.resolve().name,
-        "lock": _file_digest(release / "requirements.lock"),
+        # The environment's directory holds the lock it was installed from.
+        "lock": _file_digest((release / "venv").resolve().parent / "requirements.lock"),
         "packages": _digest("\n".join(f"{k}=={v}" for k, v in sorted(packages.items()))),
-        "model": model.name,
+        "model": node.model_name,
         "model_manifest": _file_digest(model / "SHA256SUMS"),
         # The files themselves, re-hashed now: a file edited in place leaves the manifest unchanged.
         "model_files": "; ".join(check_manifest(model)) or "match manifest",
-        "tokenizer_golden": _file_digest(golden_dir / f"{model.name}.json"),
+        "tokenizer_golden": _file_digest(golden_dir / f"{node.model_name}.json"),
         "units": units_digest(units, _own_addresses(node)),
         "dtype": json.loads((model / "config.json").read_text()).get("torch_dtype", "unknown"),
         "_package_versions": packages,

@@ -10,23 +10,73 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 from glmdeploy.client import ApiClient, ServerError, ServerUnavailable
 from glmdeploy.config import NodeConfig
 from glmdeploy.prompt import PromptBuilder, distinct_ratio, load_tokenizer
 
+CRASH_MARK = "Traceback (most recent call last)"
+# A server that crashed this many times since the wait began is crash-looping (its service
+# manager restarts it): waiting out the whole timeout would only hide the cause.
+CRASHES_TO_GIVE_UP = 2
 PROBE = [{"role": "user", "content": "Hello, who are you?"}]
 MIN_DISTINCT = 0.2
 
 
-def wait_for_health(client: ApiClient, timeout_s: float) -> float:
+class LogWatch:
+    """The server's output since the wait began: a crash loop ends the wait early.
+
+    Under systemd the output is in the journal (`unit`); under the kit's supervisord in
+    a log file (`path`). The wait starts after the restart returned, so the old process's
+    shutdown messages are not counted.
+    """
+
+    def __init__(self, path: Path | None = None, unit: str | None = None) -> None:
+        self.path = path
+        self.unit = unit if unit and Path("/run/systemd/system").is_dir() else None
+        self.since = math.ceil(time.time())
+        self.offset = path.stat().st_size if path and path.is_file() else 0
+        self.text = ""
+
+    def _read(self) -> None:
+        if self.unit:
+            argv = ["journalctl", "-u", self.unit, "-o", "cat", "--no-pager", "--since", f"@{self.since}"]
+            self.text = subprocess.run(argv, capture_output=True, text=True, check=False).stdout[-200_000:]
+        elif self.path is not None and self.path.is_file():
+            with self.path.open("rb") as fh:
+                if self.path.stat().st_size < self.offset:  # rotated
+                    self.offset = 0
+                fh.seek(self.offset)
+                chunk = fh.read()
+            self.offset += len(chunk)
+            self.text = (self.text + chunk.decode("utf-8", "replace"))[-200_000:]
+
+    def crashes(self) -> int:
+        self._read()
+        return self.text.count(CRASH_MARK)
+
+    def last_error(self) -> str:
+        lines = [line for line in self.text.splitlines() if line.strip()]
+        return "\n".join(lines[-12:])
+
+    def where(self) -> str:
+        return f"journalctl -u {self.unit}" if self.unit else str(self.path)
+
+
+def wait_for_health(client: ApiClient, timeout_s: float, log: LogWatch | None = None) -> float:
     start = time.monotonic()
     last = 0.0
     while time.monotonic() - start < timeout_s:
         if client.health():
             return time.monotonic() - start
+        crashes = log.crashes() if log is not None else 0
+        if log is not None and crashes >= CRASHES_TO_GIVE_UP:
+            raise RuntimeError(f"model server crashed {crashes} times starting ({log.where()}):\n{log.last_error()}")
         if time.monotonic() - last > 15:
             print(f"... waiting for {client.base_url} ({time.monotonic() - start:.0f}s)", flush=True)
             last = time.monotonic()
@@ -52,11 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="node config (default: $GLMDEPLOY_NODE_CONFIG or /etc/glmdeploy/node.json)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for the server (default 300)")
     parser.add_argument("--trust-remote-code", action="store_true", help="tokenizer uses the model's own code")
+    parser.add_argument("--log", type=Path, help="server log file: stop early when the server keeps crashing")
+    parser.add_argument("--unit", help="the server's systemd unit: its journal, when systemd runs it")
     args = parser.parse_args(argv)
     node = NodeConfig.load(args.config)
     client = ApiClient(node.api_url, node.served_model_name, node.api_key)
     try:
-        waited = wait_for_health(client, args.timeout)
+        waited = wait_for_health(client, args.timeout, LogWatch(args.log, args.unit) if args.log or args.unit else None)
         builder = PromptBuilder.from_tokenizer(load_tokenizer(node.model_dir, args.trust_remote_code))
         report = check_generation(client, builder)
     except (TimeoutError, RuntimeError, ServerUnavailable, ServerError) as exc:

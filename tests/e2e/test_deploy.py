@@ -37,6 +37,20 @@ def test_second_deploy_changes_nothing_and_keeps_services_running(deployed):
     FIGURES["make deploy, re-run with changed=0 (s)"] = round(again.elapsed, 1)
 
 
+def test_node_runs_a_complete_named_release_through_current(deployed):
+    release = Path("/opt/glmdeploy/current").resolve()
+    assert release.parent == Path("/opt/glmdeploy/releases")
+    meta = json.loads((release / "release.json").read_text())
+    assert meta["id"] == release.name and release.name.startswith(f"{meta['kit_version']}-lock.")
+    assert (release / "promoted").is_file(), "the release passed its smoke tests but was not marked promoted"
+    assert (release / "venv").resolve().parent.name == meta["env"]
+    assert (release / "model").resolve().name == meta["model"] and meta["model"].startswith("chatglm3-fixture-")
+    assert Path("/etc/glmdeploy/node.json").resolve() == release / "node.json"
+    assert not list(Path("/opt/glmdeploy/releases").glob(".*.new")), "a half-built release was left behind"
+    shown = make("releases")
+    assert shown.returncode == 0 and re.search(rf"^localhost\s+{re.escape(release.name)}\s", shown.stdout, re.M)
+
+
 def test_verify_passes_on_the_freshly_deployed_node(deployed):
     proc = make("verify")
     assert proc.returncode == 0, "make verify failed on a clean node"
@@ -313,6 +327,22 @@ def test_service_memory_and_venv_size_are_reported(deployed):
     FIGURES["RSS MiB (service process + direct children)"] = {k: round(v) for k, v in rss.items()}
     FIGURES["venv size (MiB)"] = int(venv)
     assert all(v > 0 for v in rss.values())
+
+
+def test_release_failing_its_health_gate_returns_the_node_to_the_previous_release(deployed):
+    """A release whose server cannot start (here: an engine flag this vLLM does not know) is
+    switched in, crashes, and the node goes back to the release it ran, and serves again."""
+    good = Path("/opt/glmdeploy/current").resolve().name
+    bad_args = '{"vllm_server_extra_args": ["--enforce-eager", "--no-such-engine-flag"]}'
+    proc = make("deploy", f"ANSIBLE_ARGS=-e '{bad_args}'")
+    FIGURES["failed release: deploy until back on the previous release (s)"] = round(proc.elapsed, 1)  # type: ignore[attr-defined]
+    _failed_with(proc, "failed its health gate on localhost", "crashed 2 times", f"back on release {good}")
+    assert Path("/opt/glmdeploy/current").resolve().name == good
+    failed = [p for p in Path("/opt/glmdeploy/releases").iterdir() if (p / "failed").exists()]
+    assert len(failed) == 1 and "--no-such-engine-flag" in (failed[0] / "bin" / "vllm_server").read_text()
+    _still_serving(deployed, service_pids())
+    again = make("deploy")  # the good inputs again: same release, nothing to switch
+    assert again.returncode == 0 and Path("/opt/glmdeploy/current").resolve().name == good
 
 
 def test_undeploy_removes_services_and_files_but_keeps_artifacts(deployed):

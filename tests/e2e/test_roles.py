@@ -144,7 +144,7 @@ def test_model_scenario(hosts):
     converge_twice("model")
     out = on_host(
         "model",
-        "cd /opt/glmdeploy/models/chatglm3-fixture && stat -c '%U:%G %a' * | sort -u; "
+        "cd /opt/glmdeploy/models/chatglm3-fixture-* && stat -c '%U:%G %a' * | sort -u; "
         "sha256sum --check --quiet SHA256SUMS && echo OK",
     )
     assert out.split() == ["root:root", "444", "OK"]
