@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import subprocess
 import sys
 import time
@@ -20,8 +21,7 @@ from glmdeploy.client import ApiClient, ServerError, ServerUnavailable
 from glmdeploy.config import NodeConfig
 from glmdeploy.prompt import PromptBuilder, distinct_ratio, load_tokenizer
 
-CRASH_MARK = "Traceback (most recent call last)"
-# A server that crashed this many times since the wait began is crash-looping (its service
+# A server that exited this many times since the wait began is crash-looping (its service
 # manager restarts it): waiting out the whole timeout would only hide the cause.
 CRASHES_TO_GIVE_UP = 2
 PROBE = [{"role": "user", "content": "Hello, who are you?"}]
@@ -29,40 +29,53 @@ MIN_DISTINCT = 0.2
 
 
 class LogWatch:
-    """The server's output since the wait began: a crash loop ends the wait early.
+    """Exits of the server since the wait began, and its last output: a crash loop ends the wait.
 
-    Under systemd the output is in the journal (`unit`); under the kit's supervisord in
-    a log file (`path`). The wait starts after the restart returned, so the old process's
-    shutdown messages are not counted.
+    Under systemd: the unit's automatic restarts (NRestarts) and its journal. Under the kit's
+    supervisord: "exited: <program>" lines in supervisord.log beside the program's log `path`
+    (named <program>.log), and that log. The wait starts after the restart returned, so the
+    old process's exit is not counted.
     """
 
     def __init__(self, path: Path | None = None, unit: str | None = None) -> None:
         self.path = path
         self.unit = unit if unit and Path("/run/systemd/system").is_dir() else None
         self.since = math.ceil(time.time())
-        self.offset = path.stat().st_size if path and path.is_file() else 0
-        self.text = ""
+        self.restarts0 = self._restarts()
+        self.supervisor_log = path.parent / "supervisord.log" if path else None
+        self.offsets = {p: p.stat().st_size if p and p.is_file() else 0 for p in (path, self.supervisor_log)}
 
-    def _read(self) -> None:
-        if self.unit:
-            argv = ["journalctl", "-u", self.unit, "-o", "cat", "--no-pager", "--since", f"@{self.since}"]
-            self.text = subprocess.run(argv, capture_output=True, text=True, check=False).stdout[-200_000:]
-        elif self.path is not None and self.path.is_file():
-            with self.path.open("rb") as fh:
-                if self.path.stat().st_size < self.offset:  # rotated
-                    self.offset = 0
-                fh.seek(self.offset)
-                chunk = fh.read()
-            self.offset += len(chunk)
-            self.text = (self.text + chunk.decode("utf-8", "replace"))[-200_000:]
+    def _restarts(self) -> int:
+        if not self.unit:
+            return 0
+        argv = ["systemctl", "show", "-p", "NRestarts", "--value", self.unit]
+        out = subprocess.run(argv, capture_output=True, text=True, check=False).stdout.strip()
+        return int(out) if out.isdigit() else 0
+
+    def _new_text(self, path: Path | None) -> str:
+        if path is None or not path.is_file():
+            return ""
+        with path.open("rb") as fh:
+            fh.seek(self.offsets[path] if path.stat().st_size >= self.offsets[path] else 0)
+            return fh.read()[-200_000:].decode("utf-8", "replace")
 
     def crashes(self) -> int:
-        self._read()
-        return self.text.count(CRASH_MARK)
+        if self.unit:
+            return self._restarts() - self.restarts0
+        if self.path is None:
+            return 0
+        return self._new_text(self.supervisor_log).count(f"exited: {self.path.stem} ")
 
     def last_error(self) -> str:
-        lines = [line for line in self.text.splitlines() if line.strip()]
-        return "\n".join(lines[-12:])
+        if self.unit:
+            argv = ["journalctl", "-u", self.unit, "-o", "cat", "--no-pager", "--since", f"@{self.since}"]
+            text = subprocess.run(argv, capture_output=True, text=True, check=False).stdout
+        else:
+            text = self._new_text(self.path)
+        lines = [line for line in text.splitlines() if line.strip()]
+        # The cause is the last error line (a usage text or a traceback can bury it).
+        errors = [line for line in lines if re.search(r"\berror\b|Error\b", line)]
+        return "\n".join(([f"last error: {errors[-1].strip()}"] if errors else []) + lines[-10:])
 
     def where(self) -> str:
         return f"journalctl -u {self.unit}" if self.unit else str(self.path)
@@ -76,7 +89,8 @@ def wait_for_health(client: ApiClient, timeout_s: float, log: LogWatch | None = 
             return time.monotonic() - start
         crashes = log.crashes() if log is not None else 0
         if log is not None and crashes >= CRASHES_TO_GIVE_UP:
-            raise RuntimeError(f"model server crashed {crashes} times starting ({log.where()}):\n{log.last_error()}")
+            why = f"exited {crashes} times ({log.where()})"
+            raise RuntimeError(f"model server keeps failing to start: {why}:\n{log.last_error()}")
         if time.monotonic() - last > 15:
             print(f"... waiting for {client.base_url} ({time.monotonic() - start:.0f}s)", flush=True)
             last = time.monotonic()

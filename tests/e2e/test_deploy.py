@@ -336,13 +336,14 @@ def test_release_failing_its_health_gate_returns_the_node_to_the_previous_releas
     bad_args = '{"vllm_server_extra_args": ["--enforce-eager", "--no-such-engine-flag"]}'
     proc = make("deploy", f"ANSIBLE_ARGS=-e '{bad_args}'")
     FIGURES["failed release: deploy until back on the previous release (s)"] = round(proc.elapsed, 1)  # type: ignore[attr-defined]
-    _failed_with(proc, "failed its health gate on localhost", "crashed 2 times", f"back on release {good}")
+    gate = "failed its health gate on localhost"
+    _failed_with(proc, gate, "model server keeps failing to start: exited 2 times", f"back on release {good}")
     assert Path("/opt/glmdeploy/current").resolve().name == good
     failed = [p for p in Path("/opt/glmdeploy/releases").iterdir() if (p / "failed").exists()]
     assert len(failed) == 1 and "--no-such-engine-flag" in (failed[0] / "bin" / "vllm_server").read_text()
     _still_serving(deployed, service_pids())
-    again = make("deploy")  # the good inputs again: same release, nothing to switch
-    assert again.returncode == 0 and Path("/opt/glmdeploy/current").resolve().name == good
+    again = make("deploy")  # good inputs again: deploys and passes its gate
+    assert again.returncode == 0 and (Path("/opt/glmdeploy/current").resolve() / "promoted").is_file()
 
 
 def test_undeploy_removes_services_and_files_but_keeps_artifacts(deployed):
