@@ -82,6 +82,16 @@ def _own_addresses(node: NodeConfig) -> set[str]:
     return {host for url in (node.api_url, node.ui_url) if url and (host := urlsplit(url).hostname)}
 
 
+def _release_name(release: Path) -> str:
+    """What a fleet must share: kit version, lock, model and kit code. The release id's last part
+    also digests the rendered config, which names each node's own address, so it differs per node."""
+    meta = release / "release.json"
+    if not meta.is_file():
+        return release.resolve().name
+    info = json.loads(meta.read_text())
+    return f"{release.resolve().name.rsplit('-', 1)[0]} kit {info.get('kit', '?')}"
+
+
 def collect(node: NodeConfig, release: Path, golden_dir: Path) -> dict[str, object]:
     packages = installed_packages()
     units = sorted(p for pattern in UNIT_GLOBS for p in Path("/").glob(pattern.lstrip("/")))
@@ -93,7 +103,7 @@ def collect(node: NodeConfig, release: Path, golden_dir: Path) -> dict[str, obje
         "cuda": _cuda(),
         "python": platform.python_version(),
         "profile": node.profile,
-        "release": release.resolve().name,
+        "release": _release_name(release),
         # The environment's directory holds the lock it was installed from.
         "lock": _file_digest((release / "venv").resolve().parent / "requirements.lock"),
         "packages": _digest("\n".join(f"{k}=={v}" for k, v in sorted(packages.items()))),

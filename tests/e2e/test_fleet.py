@@ -186,7 +186,7 @@ def test_api_beyond_localhost_requires_the_key_and_the_key_stays_secret(fleet):
     assert status == 200 and text, "no streamed text through the balancer with the key"
     out = on_host(
         "testhost2",
-        "stat -c '%U %a' /etc/glmdeploy/vllm_server.env; stat -c '%U %G %a' /etc/glmdeploy/node.json; "
+        "stat -c '%U %a' /etc/glmdeploy/vllm_server.env; stat -L -c '%U %G %a' /etc/glmdeploy/node.json; "
         "grep -c VLLM_API_KEY /etc/systemd/system/glmdeploy-vllm_server.service || true",
     )
     assert out.stdout.split() == ["root", "600", "root", "glmdeploy", "640", "0"], out.stdout
