@@ -105,6 +105,7 @@ rollback: tools ## Return every node (or HOST=node) to its previous release, one
 	  $(MAKE) --no-print-directory releases; exit $$rc
 
 releases: tools ## Which release each node of INVENTORY runs, and which it would roll back to
+	rm -rf reports/releases
 	ansible-playbook -i $(INVENTORY) playbooks/releases.yml $(ANSIBLE_ARGS)
 	@$(MAKE) --no-print-directory releases-table
 
