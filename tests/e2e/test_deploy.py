@@ -319,7 +319,8 @@ def test_service_memory_and_venv_size_are_reported(deployed):
         ).stdout.split()
         rss[name] = sum(int(k) for k in tree) / 1024
     venv = subprocess.run(
-        ["du", "-sm", str(Path("/opt/glmdeploy/current/").resolve() / "venv")],
+        # The release's venv is a link into envs/: du measures what it points to.
+        ["du", "-sm", str(Path("/opt/glmdeploy/current/venv").resolve())],
         capture_output=True,
         text=True,
         check=True,
@@ -327,6 +328,7 @@ def test_service_memory_and_venv_size_are_reported(deployed):
     FIGURES["RSS MiB (service process + direct children)"] = {k: round(v) for k, v in rss.items()}
     FIGURES["venv size (MiB)"] = int(venv)
     assert all(v > 0 for v in rss.values())
+    assert int(venv) > 500, f"venv measured at {venv} MiB: not the environment"
 
 
 def test_release_failing_its_health_gate_returns_the_node_to_the_previous_release(deployed):
@@ -342,8 +344,6 @@ def test_release_failing_its_health_gate_returns_the_node_to_the_previous_releas
     failed = [p for p in Path("/opt/glmdeploy/releases").iterdir() if (p / "failed").exists()]
     assert len(failed) == 1 and "--no-such-engine-flag" in (failed[0] / "bin" / "vllm_server").read_text()
     _still_serving(deployed, service_pids())
-    again = make("deploy")  # good inputs again: deploys and passes its gate
-    assert again.returncode == 0 and (Path("/opt/glmdeploy/current").resolve() / "promoted").is_file()
 
 
 def test_undeploy_removes_services_and_files_but_keeps_artifacts(deployed):
