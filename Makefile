@@ -151,7 +151,7 @@ e2e: tools ## End-to-end: real make deploy here, API + headless-browser chat, br
 	rm -rf reports/e2e-logs
 	$(TOOLS)/bin/python -m pytest -q -rs -p no:cacheprovider --durations=15 -m "not drill" tests/e2e $(PYTEST_ARGS)
 
-drills: tools ## Fault drills under load on 3 test hosts (the fleet tests plus the drills; ~12 min); output in bench/drills/last-run.txt
+drills: tools ## Fault drills under load on 3 test hosts (the fleet tests plus the drills; ~65 min on 2 cores); output in bench/drills/last-run.txt
 	rm -rf reports/e2e-logs
 	@mkdir -p bench/drills
 	set -o pipefail; $(TOOLS)/bin/python -m pytest -q -rs -p no:cacheprovider --durations=15 tests/e2e/test_fleet.py $(PYTEST_ARGS) \

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -38,9 +39,18 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 def make(*args: str, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
     """Run a make target from the checkout, echoing its output so CI logs show progress."""
     start = time.monotonic()
-    proc = subprocess.run(
-        ["make", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=timeout, check=False
-    )
+    cmd = ["make", "-C", str(ROOT), *args]
+    # Its own process group: a run that overstays is stopped whole (make, ansible, ssh), not
+    # left changing hosts behind the next test; its log says how far it got.
+    pipe = subprocess.PIPE
+    with subprocess.Popen(cmd, stdout=pipe, stderr=pipe, text=True, start_new_session=True) as run:
+        try:
+            out, err = run.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(run.pid, signal.SIGKILL)
+            out, err = run.communicate()
+            err += f"\n[e2e] make cut off after {timeout} s\n"
+    proc = subprocess.CompletedProcess(cmd, run.returncode, out, err)
     proc.elapsed = time.monotonic() - start  # type: ignore[attr-defined]
     # Every make run's full output, numbered in order, for reading a CI failure afterwards.
     logs = ROOT / "reports" / "e2e-logs"

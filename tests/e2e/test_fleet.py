@@ -311,7 +311,7 @@ ROLLOUT_EXTRA = {
 def rollout(fleet: dict, tmp_path: Path, inventory: str | None = None, **extra: object) -> subprocess.CompletedProcess:
     args = tmp_path / "rollout.json"
     args.write_text(json.dumps(ROLLOUT_EXTRA | extra))
-    return make("rollout", f"INVENTORY={inventory or fleet['inventory']}", f"ANSIBLE_ARGS=-e @{args}", timeout=1500)
+    return make("rollout", f"INVENTORY={inventory or fleet['inventory']}", f"ANSIBLE_ARGS=-e @{args}", timeout=3000)
 
 
 @pytest.mark.drill
@@ -372,7 +372,7 @@ def test_rollout_with_a_model_that_cannot_load_stops_with_that_node_back_and_ser
     known = {r["id"] for r in before["testhost2"]["releases"]}
     assert [r["state"] for r in after["testhost2"]["releases"] if r["id"] not in known] == ["failed"]
     assert after["testhost3"] == before["testhost3"], "the rollout went on past the failed node"
-    assert not re.search(r"^testhost3\s*:", proc.stdout.split("PLAY RECAP")[-1], re.M), "testhost3 was touched"
+    assert not re.search(r"^testhost3\s*:", proc.stdout.split("PLAY RECAP")[1], re.M), "testhost3 was touched"
     assert drained_nodes() == [], "the rolled-back node was left out of the balancer"
     assert node_generates("testhost2")
     assert load.failed == 0, f"{load.failed} of {load.sent} user requests failed during the failed rollout"
@@ -412,7 +412,7 @@ def test_rollback_returns_the_fleet_to_the_previous_release_under_load(fleet):
     before = {host: releases_of(host) for host in HOSTS}
     with Load(KEY_FILE.read_text().strip()) as load:
         inventory = f"INVENTORY={fleet['inventory']}"
-        proc = make("rollback", inventory, "ANSIBLE_ARGS=-e smoke_throughput=false", timeout=1500)
+        proc = make("rollback", inventory, "ANSIBLE_ARGS=-e smoke_throughput=false", timeout=3000)
     FIGURES["rollback drill: requests sent / failed / rollback (s)"] = [load.sent, load.failed, round(proc.elapsed)]
     assert proc.returncode == 0, proc.stdout[-3000:]
     after = {host: releases_of(host) for host in HOSTS}
