@@ -170,7 +170,7 @@ hosts-status: tools ## List the test hosts
 
 tokenizer-lock: $(REFENV)/.stamp model ## Record the tokenizer golden file of PROFILE's model with the pinned reference stack
 	PYTHONPATH=service $(REFENV)/bin/python -m glmdeploy.golden record $(MODEL_DIR) \
-	  $(if $(filter gpu-cu121,$(PROFILE)),--trust-remote-code) --output smoke_tests/golden/$(notdir $(MODEL_DIR)).json
+	  $(if $(shell grep -qs "\"auto_map\"" $(MODEL_DIR)/config.json && echo yes),--trust-remote-code) --output smoke_tests/golden/$(notdir $(MODEL_DIR)).json
 
 clean: ## Remove tool venvs and reports (keeps downloaded artifacts/)
 	rm -rf $(VENVS) reports

