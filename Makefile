@@ -7,8 +7,15 @@ VENVS     := .venv
 TOOLS     := $(VENVS)/tools
 REFENV    := $(VENVS)/tokenizer-ref
 ARTIFACTS := artifacts
-# cpu when this machine has no NVIDIA driver loaded, gpu-cu121 when it has.
+# Each node's profile is its own (inventory `glmdeploy_profile`, else the node's hardware:
+# playbooks/tasks/profile.yml). PROFILE=... on the command line forces one for every node of
+# the run; the targets that work on the control node alone (wheelhouse, tokenizer-lock) default
+# to cpu when this machine has no NVIDIA driver loaded, gpu-cu121 when it has.
 PROFILE   ?= $(shell test -e /proc/driver/nvidia/version && echo gpu-cu121 || echo cpu)
+FORCE_PROFILE := $(if $(filter command line environment,$(origin PROFILE)),-e glmdeploy_profile=$(PROFILE))
+# Wheels kept on this machine across checkouts and CI runs (checked by hash on every use).
+WHEEL_CACHE ?= /var/cache/glmdeploy/wheels
+export GLMDEPLOY_WHEEL_CACHE := $(WHEEL_CACHE)
 NODE_PY   ?= 311
 INVENTORY ?= playbooks/localhost.ini
 ANSIBLE_ARGS ?=
@@ -62,9 +69,9 @@ lock-check: tools ## Fail if a committed lock differs from a fresh resolve
 	$(TOOLS)/bin/python constraints/lock.py check
 
 wheelhouse: tools ## Download the wheels of PROFILE's lock once, on the control node, and verify them
-	$(TOOLS)/bin/python constraints/lock.py wheelhouse --profile $(PROFILE) --python $(subst 3,3.,$(NODE_PY)) --dest $(WHEELHOUSE)
+	$(TOOLS)/bin/python constraints/lock.py wheelhouse --profile $(PROFILE) --python $(subst 3,3.,$(NODE_PY)) --dest $(WHEELHOUSE) --cache "$(WHEEL_CACHE)"
 
-$(FIXTURE)/SHA256SUMS: $(REFENV)/.stamp service/glmdeploy/fixture.py service/glmdeploy/chatglm3.py
+$(FIXTURE)/SHA256SUMS: $(REFENV)/.stamp service/glmdeploy/fixture.py service/glmdeploy/chatglm3.py $(wildcard service/glmdeploy/fixture_files/*.py)
 	@PYTHONPATH=service $(REFENV)/bin/python -m glmdeploy.fixture $(FIXTURE)
 
 fixture: $(FIXTURE)/SHA256SUMS ## Generate the tiny ChatGLM3-architecture fixture model (deterministic)
@@ -78,11 +85,13 @@ weights: $(REFENV)/.stamp ## Stage the real model once (control node with intern
 	PYTHONPATH=service $(REFENV)/bin/python -m glmdeploy.weights --revision "$(REVISION)" --dest $(MODEL_DIR) \
 	  $(if $(MIRROR),--mirror $(MIRROR)) $(if $(FROM),--from $(FROM))
 
-deploy: tools $(REFENV)/.stamp wheelhouse model ## Deploy to INVENTORY (default: this machine) and run the smoke tests
-	ansible-playbook -i $(INVENTORY) playbooks/site.yml -e glmdeploy_profile=$(PROFILE) $(ANSIBLE_ARGS)
+# The playbook prepares the wheelhouse of every profile and Python the nodes need; the fixture
+# is always made (seconds; cpu nodes serve it), real weights are staged by `make weights`.
+deploy: tools $(REFENV)/.stamp fixture ## Deploy to INVENTORY (default: this machine) and run the smoke tests; each node's profile is its own
+	ansible-playbook -i $(INVENTORY) playbooks/site.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 
 undeploy: tools ## Stop the services and remove the deployment (keeps artifacts/)
-	ansible-playbook -i $(INVENTORY) playbooks/undeploy.yml $(ANSIBLE_ARGS)
+	ansible-playbook -i $(INVENTORY) playbooks/undeploy.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 
 lb: tools ## Configure the load balancer (INVENTORY's glmdeploy_lb group) in front of the nodes
 	ansible-playbook -i $(INVENTORY) playbooks/lb.yml $(ANSIBLE_ARGS)
@@ -95,18 +104,18 @@ undrain: tools ## Put HOST back behind the load balancer
 	@test -n "$(HOST)" || { echo "error: HOST=<inventory name of a node> is required"; exit 2; }
 	ansible-playbook -i $(INVENTORY) playbooks/lb.yml -e '{"load_balancer_undrain": ["$(HOST)"]}' $(ANSIBLE_ARGS)
 
-rollout: tools $(REFENV)/.stamp wheelhouse model ## Upgrade the fleet one node at a time out of the balancer (ROLLOUT_SERIAL=1, ROLLOUT_MAX_FAIL=0); a failing node returns to its previous release
-	@rc=0; ansible-playbook -i $(INVENTORY) playbooks/rollout.yml -e glmdeploy_profile=$(PROFILE) \
+rollout: tools $(REFENV)/.stamp fixture ## Upgrade the fleet one node at a time out of the balancer (ROLLOUT_SERIAL=1, ROLLOUT_MAX_FAIL=0); a failing node returns to its previous release
+	@rc=0; ansible-playbook -i $(INVENTORY) playbooks/rollout.yml $(FORCE_PROFILE) \
 	  -e rollout_serial=$(ROLLOUT_SERIAL) -e rollout_max_fail_percentage=$(ROLLOUT_MAX_FAIL) $(ANSIBLE_ARGS) || rc=$$?; \
 	  $(MAKE) --no-print-directory releases; exit $$rc
 
 rollback: tools ## Return every node (or HOST=node) to its previous release, one at a time out of the balancer
-	@rc=0; ansible-playbook -i $(INVENTORY) playbooks/rollback.yml $(if $(HOST),--limit $(HOST)) $(ANSIBLE_ARGS) || rc=$$?; \
+	@rc=0; ansible-playbook -i $(INVENTORY) playbooks/rollback.yml $(FORCE_PROFILE) $(if $(HOST),--limit $(HOST)) $(ANSIBLE_ARGS) || rc=$$?; \
 	  $(MAKE) --no-print-directory releases; exit $$rc
 
 releases: tools ## Which release each node of INVENTORY runs, and which it would roll back to
 	rm -rf reports/releases
-	ansible-playbook -i $(INVENTORY) playbooks/releases.yml $(ANSIBLE_ARGS)
+	ansible-playbook -i $(INVENTORY) playbooks/releases.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 	@$(MAKE) --no-print-directory releases-table
 
 releases-table:
@@ -114,13 +123,13 @@ releases-table:
 	@PYTHONPATH=service $(TOOLS)/bin/python -m glmdeploy.release table reports/releases/*.json
 
 driver: tools ## Install the pinned NVIDIA driver on INVENTORY's nodes (held; reboots a node only when the driver changed)
-	ansible-playbook -i $(INVENTORY) playbooks/driver.yml $(ANSIBLE_ARGS)
+	ansible-playbook -i $(INVENTORY) playbooks/driver.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 
 driver-upgrade: tools ## The driver's upgrade path: unhold, install what nvidia_driver_branch/_version select now, re-hold, reboot
-	ansible-playbook -i $(INVENTORY) playbooks/driver.yml -e nvidia_driver_upgrade=true $(ANSIBLE_ARGS)
+	ansible-playbook -i $(INVENTORY) playbooks/driver.yml $(FORCE_PROFILE) -e nvidia_driver_upgrade=true $(ANSIBLE_ARGS)
 
 smoke: tools ## Run the smoke suite on every node of INVENTORY; reports land in reports/smoke/
-	ansible-playbook -i $(INVENTORY) playbooks/smoke.yml $(ANSIBLE_ARGS)
+	ansible-playbook -i $(INVENTORY) playbooks/smoke.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 
 bench: tools ## Benchmark this node's server (or URL=... MODEL=...); JSON + PNG plots in reports/bench/ (BENCH_ARGS=...)
 	PYTHONPATH=service $(TOOLS)/bin/python -m glmdeploy.bench run \
@@ -128,12 +137,12 @@ bench: tools ## Benchmark this node's server (or URL=... MODEL=...); JSON + PNG 
 	  --json reports/bench/bench.json --plots reports/bench $(BENCH_ARGS)
 
 baseline: tools ## Record the throughput baseline of INVENTORY's first node (smoke_tests/baselines/<profile>-<class>.json)
-	ansible-playbook -i $(INVENTORY) playbooks/baseline.yml $(ANSIBLE_ARGS)
+	ansible-playbook -i $(INVENTORY) playbooks/baseline.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 
 verify: tools ## Smoke suite + fingerprint on every node of INVENTORY, then one fleet table; non-zero on any drift
 	rm -rf reports/smoke
 	@# The fleet table is printed even when a node's smoke suite failed: it names what drifted.
-	@rc=0; ansible-playbook -i $(INVENTORY) playbooks/smoke.yml $(ANSIBLE_ARGS) || rc=$$?; \
+	@rc=0; ansible-playbook -i $(INVENTORY) playbooks/smoke.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS) || rc=$$?; \
 	  PYTHONPATH=service $(TOOLS)/bin/python -m glmdeploy.fleet --reports reports/smoke --root . \
 	  --models $(ARTIFACTS)/models --out reports || rc=$$?; exit $$rc
 

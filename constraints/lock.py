@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import re
 import shutil
 import subprocess
@@ -188,12 +189,54 @@ def platform_args(glibc_minor: int = 35) -> list[str]:
     return [arg for tag in tags for arg in ("--platform", tag)]
 
 
+def link_or_copy(src: Path, dest: Path) -> None:
+    """Hard link where both sides share a file system (no second copy of 3.3 GB), else copy; never half a file."""
+    tmp = dest.with_name(f".{dest.name}.part")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    tmp.replace(dest)
+
+
+def sync_cache(lock: Path, source: Path, target: Path) -> int:
+    """Put every wheel of `source` whose sha256 the lock holds into `target`; returns how many were placed.
+
+    Why a cache of our own: pip's cache does not cover every mirror kind, and a checkout's
+    artifacts/ goes with the checkout; wheels kept per machine are fetched once. Each wheel is
+    checked against the lock on the way, so a damaged cache entry is never used.
+    """
+    if not source.is_dir():
+        return 0
+    entries = parse_lock(lock)
+    target.mkdir(parents=True, exist_ok=True)
+    placed = 0
+    for whl in sorted(source.glob("*.whl")):
+        name = wheel_name(whl.name)
+        if name not in entries or (target / whl.name).exists():
+            continue
+        version, hashes = entries[name]
+        if f"-{version}-" in whl.name and sha256(whl) in hashes:
+            link_or_copy(whl, target / whl.name)
+            placed += 1
+    return placed
+
+
 def cmd_wheelhouse(args: argparse.Namespace) -> None:
     lock = lock_path(args.profile, args.python)
     dest = Path(args.dest)
     dest.mkdir(parents=True, exist_ok=True)
+    cache = Path(args.cache) if args.cache else None
+    placed = sync_cache(lock, cache, dest) if cache is not None and verify_wheelhouse(lock, dest) else 0
+    if placed:
+        print(f"==> {placed} wheels taken from the wheel cache {cache}", flush=True)
     if not verify_wheelhouse(lock, dest):
-        print(f"==> wheelhouse {dest} already matches {lock.name}")
+        print(
+            f"==> wheelhouse {dest} {'filled from the cache and verified' if placed else 'already matches'} {lock.name}"
+        )
+        if cache is not None:
+            sync_cache(lock, dest, cache)
         return
     print(f"==> downloading wheels for {lock.name} into {dest} (this takes a few minutes the first time)", flush=True)
     # pip (not uv) so the machine's own mirrors and find-links apply.
@@ -219,6 +262,8 @@ def cmd_wheelhouse(args: argparse.Namespace) -> None:
     problems = verify_wheelhouse(lock, dest)
     if problems:
         raise LockError("\n".join(problems))
+    if cache is not None:
+        sync_cache(lock, dest, cache)
     print(f"==> wheelhouse {dest} complete and verified against {lock.name}")
 
 
@@ -248,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--profile", required=True)
         p.add_argument("--python", default="3.11")
         p.add_argument("--dest", required=True, help="wheelhouse directory")
+        if verb == "wheelhouse":
+            p.add_argument("--cache", default="", help="wheels kept on this machine across checkouts (checked by hash)")
         p.set_defaults(func=func)
     args = parser.parse_args(argv)
     try:

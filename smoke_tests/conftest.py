@@ -29,7 +29,7 @@ def node() -> NodeConfig:
 
 @pytest.fixture(scope="session")
 def client(node: NodeConfig) -> ApiClient:
-    return ApiClient(node.api_url, node.served_model_name, node.api_key, timeout_s=60)
+    return ApiClient.for_node(node, timeout_s=60)
 
 
 @pytest.fixture(scope="session")

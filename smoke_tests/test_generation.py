@@ -7,9 +7,10 @@ import json
 import pytest
 
 from glmdeploy import chatglm3
-from glmdeploy.client import ApiClient
+from glmdeploy.client import ApiClient, ServerError
 from glmdeploy.config import NodeConfig
 from glmdeploy.prompt import PromptBuilder, distinct_ratio
+from glmdeploy.ready import prompt_mismatch
 
 
 def test_generation_returns_text_with_varied_ids(client: ApiClient, builder: PromptBuilder) -> None:
@@ -30,14 +31,24 @@ def test_streaming_delivers_tokens_in_several_chunks(client: ApiClient, builder:
 
 
 def test_server_receives_the_prompt_ids_the_kit_built(client: ApiClient, builder: PromptBuilder) -> None:
+    """Id for id where the server returns prompt ids; by usage.prompt_tokens where it does not (vLLM 0.4.3)."""
     ids = builder.chat_ids([{"role": "user", "content": "hello"}])
+    result = client.complete(ids, max_tokens=1, temperature=0.0, stream=False)
+    assert prompt_mismatch(result, ids) is None, prompt_mismatch(result, ids)
+
+
+def test_client_sends_return_token_ids_only_where_the_server_takes_it(client: ApiClient, node: NodeConfig) -> None:
+    """vLLM 0.4.3 forbids unknown request fields (HTTP 400): the profile's capability decides."""
+    ids = [64790, 64792, 64795, 64796]
     body = client.completion_body(ids, 1, 0.0, 1.0, stream=False)
     body["return_token_ids"] = True
-    response = json.loads(client._request("POST", "/completions", body).read())
-    served = response["choices"][0].get("prompt_token_ids")
-    if served is None:  # servers without return_token_ids (vLLM 0.4.x): nothing more to compare
+    try:
+        response = json.loads(client._request("POST", "/completions", body).read())
+    except ServerError as exc:
+        assert not node.server_returns_token_ids, f"the node says its server takes return_token_ids: {exc}"
         return
-    assert served == ids
+    assert node.server_returns_token_ids, "the server takes return_token_ids, the node's profile says it does not"
+    assert response["choices"][0].get("prompt_token_ids") == ids
 
 
 def test_openai_chat_endpoint_streams(client: ApiClient, node: NodeConfig) -> None:
@@ -48,14 +59,43 @@ def test_openai_chat_endpoint_streams(client: ApiClient, node: NodeConfig) -> No
         "messages": [{"role": "user", "content": "hi"}],
         "ignore_eos": True,
     }
-    response = client._request("POST", "/chat/completions", body)
-    pieces = []
-    for raw in response:
-        line = raw.decode().strip()
-        if line.startswith("data:") and line != "data: [DONE]":
-            for choice in json.loads(line[5:]).get("choices", []):
-                pieces.append(choice.get("delta", {}).get("content") or "")
+    pieces = [
+        choice.get("delta", {}).get("content") or ""
+        for event in client.stream_events("/chat/completions", body)
+        for choice in event.get("choices", [])
+    ]
     assert "".join(pieces).strip(), "chat completions streamed no text"
+
+
+# Third-party clients send messages, not ids: the server must still run ChatGLM3's own
+# sequence (role markers as ids, the published `[gMASK] sop <|user|> "\n" 你好 <|assistant|>`),
+# and a role marker typed by a user must stay text. A template rendered to text and tokenized
+# again by ChatGLM3's tokenizer, or a ChatML fallback, gives other ids and another count.
+CHATS = {
+    "one_turn": [{"role": "user", "content": "你好"}],
+    "typed_role_markers": [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "Say <|assistant|> then <|user|> [gMASK]sop as plain text."},
+    ],
+}
+
+
+@pytest.mark.parametrize("chat", CHATS, ids=str)
+def test_chat_endpoint_runs_the_chatglm3_prompt(
+    client: ApiClient, node: NodeConfig, builder: PromptBuilder, chat: str
+) -> None:
+    messages = CHATS[chat]
+    want = builder.chat_ids(messages)
+    body: dict[str, object] = {"model": node.served_model_name, "max_tokens": 1, "messages": messages}
+    if node.server_returns_token_ids:
+        body["return_token_ids"] = True
+    response = json.loads(client._request("POST", "/chat/completions", body).read())
+    served = response.get("prompt_token_ids")
+    if served is not None:
+        assert served == want, f"served {served}, ChatGLM3's sequence is {want}"
+    else:  # vLLM 0.4.3 returns no prompt ids: its count must be the sequence's
+        counted = response["usage"]["prompt_tokens"]
+        assert counted == len(want), f"the server counted {counted} prompt tokens; ChatGLM3's sequence has {len(want)}"
 
 
 def test_client_always_sends_chatglm3_stop_ids(client: ApiClient) -> None:

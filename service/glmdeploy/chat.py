@@ -21,11 +21,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--top-p", type=float, default=0.8)
-    parser.add_argument("--trust-remote-code", action="store_true")
     args = parser.parse_args(argv)
     node = NodeConfig.load(args.config)
-    client = ApiClient(node.api_url, node.served_model_name, node.api_key)
-    builder = PromptBuilder.from_tokenizer(load_tokenizer(node.model_dir, args.trust_remote_code))
+    client = ApiClient.for_node(node)
+    # The deployed profile says whether the model's tokenizer is its own code (ChatGLM3's is).
+    builder = PromptBuilder.from_tokenizer(load_tokenizer(node.model_dir, node.trust_remote_code))
     history: list[dict[str, str]] = []
     try:
         for turn in args.message:

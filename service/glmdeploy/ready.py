@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from glmdeploy.client import ApiClient, ServerError, ServerUnavailable
+from glmdeploy.client import ApiClient, Completion, ServerError, ServerUnavailable
 from glmdeploy.config import NodeConfig
 from glmdeploy.prompt import PromptBuilder, distinct_ratio, load_tokenizer
 
@@ -98,10 +98,31 @@ def wait_for_health(client: ApiClient, timeout_s: float, log: LogWatch | None = 
     raise TimeoutError(f"model server at {client.base_url} did not answer /health within {timeout_s:.0f}s")
 
 
+def prompt_mismatch(result: Completion, sent: list[int]) -> str | None:
+    """Why the server did not run the prompt the kit built, or None when it did.
+
+    Servers that return prompt ids are compared id for id; the others (vLLM 0.4.3)
+    by the count they report in `usage.prompt_tokens`, which every server sends:
+    a prompt that was re-tokenized from text or padded with a template differs in length.
+    """
+    if result.prompt_token_ids is not None:
+        return None if result.prompt_token_ids == sent else f"served {result.prompt_token_ids}, built {sent}"
+    if result.prompt_tokens is None:
+        return "the server reported neither prompt ids nor usage.prompt_tokens"
+    if result.prompt_tokens != len(sent):
+        return f"the server counted {result.prompt_tokens} prompt tokens, the kit built {len(sent)}: {sent}"
+    return None
+
+
 def check_generation(client: ApiClient, builder: PromptBuilder, tokens: int = 24) -> dict[str, object]:
-    result = client.complete(builder.chat_ids(PROBE), max_tokens=tokens, temperature=0.8, ignore_eos=True)
+    prompt = builder.chat_ids(PROBE)
+    # Not streamed: every server reports usage on a whole reply (streams only on some).
+    result = client.complete(prompt, max_tokens=tokens, temperature=0.8, ignore_eos=True, stream=False)
     ids = result.token_ids or builder.text_ids(result.text)
     problems = []
+    mismatch = prompt_mismatch(result, prompt)
+    if mismatch:
+        problems.append(f"the server did not run the kit's prompt ({mismatch})")
     if not result.text.strip():
         problems.append("generated text is empty")
     if distinct_ratio(ids) < MIN_DISTINCT:
@@ -115,15 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m glmdeploy.ready", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="node config (default: $GLMDEPLOY_NODE_CONFIG or /etc/glmdeploy/node.json)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for the server (default 300)")
-    parser.add_argument("--trust-remote-code", action="store_true", help="tokenizer uses the model's own code")
     parser.add_argument("--log", type=Path, help="server log file: stop early when the server keeps crashing")
     parser.add_argument("--unit", help="the server's systemd unit: its journal, when systemd runs it")
     args = parser.parse_args(argv)
     node = NodeConfig.load(args.config)
-    client = ApiClient(node.api_url, node.served_model_name, node.api_key)
+    client = ApiClient.for_node(node)
     try:
         waited = wait_for_health(client, args.timeout, LogWatch(args.log, args.unit) if args.log or args.unit else None)
-        builder = PromptBuilder.from_tokenizer(load_tokenizer(node.model_dir, args.trust_remote_code))
+        builder = PromptBuilder.from_tokenizer(load_tokenizer(node.model_dir, node.trust_remote_code))
         report = check_generation(client, builder)
     except (TimeoutError, RuntimeError, ServerUnavailable, ServerError) as exc:
         print(f"NOT READY: {exc}", file=sys.stderr)

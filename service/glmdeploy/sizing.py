@@ -70,7 +70,13 @@ class Settings:
     contexts_1k: int
 
     def vllm_args(self) -> list[str]:
-        tp = ["--tensor-parallel-size", str(self.tensor_parallel_size)] if self.tensor_parallel_size > 1 else []
+        # Workers as local processes: vLLM 0.4.3 picks ray whenever it is installed (it is, in the lock),
+        # which the kit neither configures nor needs on one host.
+        tp = (
+            ["--tensor-parallel-size", str(self.tensor_parallel_size), "--distributed-executor-backend", "mp"]
+            if self.tensor_parallel_size > 1
+            else []
+        )
         return [
             *tp,
             "--gpu-memory-utilization",

@@ -58,7 +58,7 @@ def main() -> None:
     history.append({"role": "user", "content": prompt})
     with st.chat_message("user"):
         st.markdown(prompt)
-    client = ApiClient(node.api_url, node.served_model_name, node.api_key)
+    client = ApiClient.for_node(node)
     with st.chat_message("assistant"):
         try:
             ids = builder.chat_ids(history)
@@ -67,9 +67,13 @@ def main() -> None:
                     ids, int(settings["max_tokens"]), float(settings["temperature"]), float(settings["top_p"])
                 )
             )
-        except (ServerUnavailable, ServerError) as exc:
+        except ServerUnavailable as exc:
             history.pop()
             st.error(f"The model server is not answering: {exc}. Check the node with `make smoke`.")
+            return
+        except ServerError as exc:
+            history.pop()
+            st.error(f"The model server failed this reply: {exc}. Check the node with `make smoke`.")
             return
         except PromptInjectionError as exc:
             history.pop()

@@ -170,19 +170,24 @@ def test_chat_in_a_real_browser_streams_and_keeps_history(deployed):
 
 REFPY = ROOT / ".venv" / "tokenizer-ref" / "bin" / "python"
 NEW_WEIGHTS = """
-import sys
+import json, sys
 from safetensors.numpy import load_file, save_file
-path = sys.argv[1] + '/model.safetensors'
+index = json.load(open(sys.argv[1] + '/model.safetensors.index.json'))
+path = sys.argv[1] + '/' + index['weight_map']['transformer.output_layer.weight']
 tensors = load_file(path)
 tensors['transformer.output_layer.weight'] = tensors['transformer.output_layer.weight'] * 1.5
 save_file(tensors, path, metadata={'format': 'pt'})
 """
-LOWERCASING_TOKENIZER = """
-import json, sys
-path = sys.argv[1] + '/tokenizer.json'
-tok = json.load(open(path))
-tok['normalizer'] = {'type': 'Lowercase'}
-json.dump(tok, open(path, 'w'), ensure_ascii=False)
+# A revision whose SentencePiece model lost one English word piece: "the" splits differently.
+CHANGED_TOKENIZER = """
+import sys
+from sentencepiece import sentencepiece_model_pb2
+path = sys.argv[1] + '/tokenizer.model'
+proto = sentencepiece_model_pb2.ModelProto()
+proto.ParseFromString(open(path, 'rb').read())
+piece = next(p for p in proto.pieces if p.piece == '\u2581the')
+piece.piece = '\u2581the\u2581removed'
+open(path, 'wb').write(proto.SerializeToString())
 """
 
 
@@ -201,10 +206,10 @@ def test_upgrade_drill_same_ids_pass_and_changed_tokenizer_is_named(deployed):
     weights-only revision (served until undeploy); the control node's fixture is regenerated
     (it is deterministic), so later deploys see the original files.
     """
-    deployed_tokenizer = Path(deployed["node"]["model_dir"]) / "tokenizer.json"
+    deployed_tokenizer = Path(deployed["node"]["model_dir"]) / "tokenizer.model"
     try:
         before, tokenizer_before = service_pids(), deployed_tokenizer.read_bytes()
-        _stage_revision(LOWERCASING_TOKENIZER)
+        _stage_revision(CHANGED_TOKENIZER)
         changed = make("deploy")
         assert changed.returncode != 0, "an upgrade that changes tokenization deployed without complaint"
         assert "probes[english]" in changed.stdout + changed.stderr, changed.stdout[-2000:]
@@ -255,11 +260,11 @@ def test_tampered_model_file_is_named_and_nothing_changes(deployed, tmp_path):
     before = service_pids()
     bad = tmp_path / "model"
     shutil.copytree(FIXTURE, bad)
-    with (bad / "tokenizer.json").open("r+b") as fh:
+    with (bad / "tokenizer.model").open("r+b") as fh:
         fh.seek(1000)
         fh.write(b"#")
     proc = make("deploy", f"ANSIBLE_ARGS=-e model_source_dir={bad}")
-    _failed_with(proc, "model file changed: tokenizer.json", "fix:")
+    _failed_with(proc, "model file changed: tokenizer.model", "fix:")
     _still_serving(deployed, before)  # a missing model file: tests/unit/test_manifest.py
 
 

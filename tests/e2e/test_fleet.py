@@ -344,7 +344,7 @@ def test_rollout_with_a_model_that_cannot_load_stops_with_that_node_back_and_ser
     subprocess.run(["rm", "-rf", str(bad)], check=True)
     bad.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run(["cp", "-r", str(ROOT / "artifacts" / "models" / "chatglm3-fixture"), str(bad)], check=True)
-    with (bad / "model.safetensors").open("r+b") as fh:
+    with (bad / "model-00001-of-00002.safetensors").open("r+b") as fh:
         fh.seek(8)
         fh.write(b"{not a header")
     subprocess.run(
@@ -429,25 +429,19 @@ def test_rollback_returns_the_fleet_to_the_previous_release_under_load(fleet):
 # (a hand edit, a stray upgrade, a corrupted copy). Backups are restored afterwards.
 DRIFT = {
     "testhost1": """
-import json
-m = '/opt/glmdeploy/current/model/'
-t = json.load(open(m + 'tokenizer.json'))
-a = t['added_tokens']
-i, j = [k for k, x in enumerate(a) if x['content'] in ('<|user|>', '<|assistant|>')]
-a[i]['id'], a[j]['id'] = a[j]['id'], a[i]['id']
-a[i], a[j] = a[j], a[i]
-json.dump(t, open(m + 'tokenizer.json', 'w'), ensure_ascii=False)
-c = json.load(open(m + 'tokenizer_config.json'))
-d = c['added_tokens_decoder']
-d['64795'], d['64796'] = d['64796'], d['64795']
-json.dump(c, open(m + 'tokenizer_config.json', 'w'), indent=2)
+p = '/opt/glmdeploy/current/model/tokenization_chatglm.py'
+code = open(p).read()
+swapped = code.replace('"<|user|>",', '"@@",', 1).replace('"<|assistant|>",', '"<|user|>",', 1)
+swapped = swapped.replace('"@@",', '"<|assistant|>",', 1)
+assert swapped != code
+open(p, 'w').write(swapped)
 """,
     "testhost2": """
 import glob
 meta = glob.glob('/opt/glmdeploy/current/venv/lib/python3.*/site-packages/idna-*.dist-info/METADATA')[0]
 text = open(meta).read()
 open(meta, 'w').write(text.replace('Version: 3.20', 'Version: 3.20.post9', 1))
-with open('/opt/glmdeploy/current/model/model.safetensors', 'r+b') as fh:
+with open('/opt/glmdeploy/current/model/model-00002-of-00002.safetensors', 'r+b') as fh:
     fh.seek(-100, 2)
     fh.write(b'\\x00\\x01\\x02\\x03')
 """,
@@ -481,11 +475,11 @@ def test_verify_names_host_and_field_for_each_kind_of_drift(fleet):
         # a changed special-token id and a changed tokenizer file, named by the node's golden check
         "testhost1: smoke: failed: test_serving_tokenizer_matches_the_golden_file: "
         "AssertionError: tokenizer drift against chatglm3-fixture.json: special_ids[<|assistant|>]",
-        "testhost1: model_files: model file changed: tokenizer.json",
+        "testhost1: model_files: model file changed: tokenization_chatglm.py",
         # a package version changed on one host only
         "testhost2: packages: not the lock: idna 3.20.post9 (lock 3.20)",
         # a model file changed on one host only (in place: the manifest on the node is unchanged)
-        "testhost2: model_files: model file changed: model.safetensors",
+        "testhost2: model_files: model file changed: model-00002-of-00002.safetensors",
         # a float32 model config
         "testhost3: dtype: float32 (expected float16)",
         "testhost3: model_files: model file changed: config.json",

@@ -32,7 +32,7 @@ mkdir -p "$OUT" "$SITE" "$STASH"
 node_json() {  # the node config the smoke suite and the bench read
   cat > "$NODE" <<EOF
 {"api_url": "http://127.0.0.1:8000/v1", "served_model_name": "chatglm3-6b-32k", "model_dir": "$MODEL",
- "profile": "h200-architecture", "dtype": "float16", "max_model_len": 32768, "trust_remote_code": false,
+ "profile": "h200-architecture", "dtype": "float16", "max_model_len": 32768, "trust_remote_code": true,
  "gpu": {"min_driver": "530.30.02", "min_memory_mib": 22500},
  "service_unit": "none", "service_log_file": "$1"}
 EOF
@@ -46,7 +46,7 @@ start_server() {  # $1: label; the rest: extra vLLM arguments
   local t0=$SECONDS
   python3 -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name chatglm3-6b-32k \
     --load-format dummy --dtype float16 --max-model-len 32768 --host 127.0.0.1 --port 8000 \
-    --chat-template "$MODEL/chat_template.jinja" "$@" > "$log" 2>&1 &
+    --trust-remote-code --chat-template "$PWD/roles/vllm_server/files/chatglm3.jinja" "$@" > "$log" 2>&1 &
   SERVER=$!
   for _ in $(seq 1 300); do
     if python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null; then

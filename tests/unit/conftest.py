@@ -23,4 +23,4 @@ def fixture_dir() -> Path:
 def tokenizer(fixture_dir: Path) -> object:
     from glmdeploy.prompt import load_tokenizer
 
-    return load_tokenizer(str(fixture_dir))
+    return load_tokenizer(str(fixture_dir), trust_remote_code=True)

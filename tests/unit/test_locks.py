@@ -64,3 +64,19 @@ def test_wheelhouse_check_passes_a_complete_wheelhouse(tmp_path):
     locked = _mini_lock(tmp_path, {"alpha": b"a"})
     (tmp_path / "alpha-1.0-py3-none-any.whl").write_bytes(b"a")
     assert lock.verify_wheelhouse(locked, tmp_path) == []
+
+
+def test_wheel_cache_fills_a_new_wheelhouse_and_skips_a_damaged_entry(tmp_path):
+    locked = _mini_lock(tmp_path, {"alpha": b"a", "beta": b"b"})
+    cache, house = tmp_path / "cache", tmp_path / "wh"
+    cache.mkdir()
+    (cache / "alpha-1.0-py3-none-any.whl").write_bytes(b"a")
+    (cache / "beta-1.0-py3-none-any.whl").write_bytes(b"tampered in the cache")
+    assert lock.sync_cache(locked, cache, house) == 1
+    assert (house / "alpha-1.0-py3-none-any.whl").read_bytes() == b"a"
+    assert lock.verify_wheelhouse(locked, house) == [f"missing wheel: beta==1.0 is not in {house}"]
+    # A complete wheelhouse goes back into the cache for the next checkout.
+    (house / "beta-1.0-py3-none-any.whl").write_bytes(b"b")
+    (cache / "beta-1.0-py3-none-any.whl").unlink()
+    assert lock.sync_cache(locked, house, cache) == 1
+    assert lock.verify_wheelhouse(locked, cache) == []

@@ -17,10 +17,10 @@ def test_intact_model_passes(model_copy):
 
 
 def test_tampered_file_is_named(model_copy):
-    with (model_copy / "tokenizer.json").open("r+b") as fh:
+    with (model_copy / "tokenizer.model").open("r+b") as fh:
         fh.seek(100)
         fh.write(b"X")
-    assert check_manifest(model_copy) == ["model file changed: tokenizer.json does not match its SHA256 in SHA256SUMS"]
+    assert check_manifest(model_copy) == ["model file changed: tokenizer.model does not match its SHA256 in SHA256SUMS"]
 
 
 def test_missing_and_unexpected_files_are_named(model_copy):

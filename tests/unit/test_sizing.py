@@ -61,7 +61,12 @@ def test_two_rtx_4090_in_tensor_parallel_by_hand():
     per_gpu = 24_564 * 2**20 * 0.90 - 6_243_584_000 * 2 / 2 - 32_768 * 100 * kib - 2**30
     s = sizing.for_class("rtx-4090", tensor_parallel=2)
     assert s.kv_cache_tokens == int(per_gpu // (14 * kib)) == 872_539
-    assert s.contexts_32k == 26 and s.vllm_args()[:2] == ["--tensor-parallel-size", "2"]
+    assert s.contexts_32k == 26 and s.vllm_args()[:4] == [
+        "--tensor-parallel-size",
+        "2",
+        "--distributed-executor-backend",
+        "mp",
+    ]
     assert sizing.kv_bytes_per_token_per_gpu(4) == 14 * kib  # past 2-way the groups are replicated
     with pytest.raises(ValueError, match="32 attention heads"):
         sizing.for_class("rtx-4090", tensor_parallel=3)

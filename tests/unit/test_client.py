@@ -1,0 +1,92 @@
+"""The streaming client against a loopback server that answers like vLLM does."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from glmdeploy.client import ApiClient, Completion, ServerError
+from glmdeploy.ready import prompt_mismatch
+
+
+class _Server(ThreadingHTTPServer):
+    events: list[object]
+    bodies: list[dict[str, object]]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def do_POST(self) -> None:
+        length = int(self.headers["Content-Length"])
+        self.server.bodies.append(json.loads(self.rfile.read(length)))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for event in self.server.events:
+            self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[_Server]:
+    srv = _Server(("127.0.0.1", 0), _Handler)
+    srv.events, srv.bodies = [], []
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def _client(server: _Server, returns_token_ids: bool = False) -> ApiClient:
+    return ApiClient(f"http://127.0.0.1:{server.server_port}/v1", "m", returns_token_ids=returns_token_ids)
+
+
+def test_error_event_in_a_stream_raises_instead_of_an_empty_reply(server: _Server) -> None:
+    server.events = [{"error": {"message": "CUDA out of memory", "type": "InternalServerError", "code": 500}}]
+    with pytest.raises(ServerError, match="CUDA out of memory"):
+        list(_client(server).stream_completion([1, 2, 3]))
+
+
+def test_error_after_some_text_still_raises(server: _Server) -> None:
+    server.events = [{"choices": [{"text": "Hel"}]}, {"error": "engine died"}]
+    pieces = []
+    with pytest.raises(ServerError, match="engine died"):
+        for piece in _client(server).stream_completion([1]):
+            pieces.append(piece)
+    assert pieces == ["Hel"]
+
+
+def test_return_token_ids_is_sent_only_to_servers_that_take_it(server: _Server) -> None:
+    server.events = [{"choices": [{"text": "x", "finish_reason": "length"}]}]
+    _client(server, returns_token_ids=False).complete([1, 2])
+    _client(server, returns_token_ids=True).complete([1, 2])
+    assert "return_token_ids" not in server.bodies[0]
+    assert server.bodies[1]["return_token_ids"] is True
+
+
+def test_streamed_usage_gives_the_prompt_count(server: _Server) -> None:
+    server.events = [
+        {"choices": [{"text": "a", "finish_reason": None}]},
+        {"choices": [{"text": "b", "finish_reason": "length"}], "usage": {"prompt_tokens": 4, "completion_tokens": 2}},
+    ]
+    result = _client(server).complete([1, 2, 3, 4])
+    assert (result.text, result.prompt_tokens, result.completion_tokens) == ("ab", 4, 2)
+
+
+def test_prompt_check_compares_ids_where_served_and_counts_elsewhere() -> None:
+    sent = [64790, 64792, 64795, 30910, 13, 100, 64796]
+    assert prompt_mismatch(Completion(prompt_token_ids=list(sent)), sent) is None
+    assert prompt_mismatch(Completion(prompt_token_ids=[1, *sent]), sent)
+    assert prompt_mismatch(Completion(prompt_tokens=len(sent)), sent) is None
+    # A template rendered to text and tokenized again has more tokens than the built ids.
+    assert "counted 12" in str(prompt_mismatch(Completion(prompt_tokens=12), sent))
+    assert prompt_mismatch(Completion(), sent) == "the server reported neither prompt ids nor usage.prompt_tokens"
