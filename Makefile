@@ -38,7 +38,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
+.PHONY: rehearsal-model rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -75,6 +75,12 @@ $(FIXTURE)/SHA256SUMS: $(REFENV)/.stamp service/glmdeploy/fixture.py service/glm
 	@PYTHONPATH=service $(REFENV)/bin/python -m glmdeploy.fixture $(FIXTURE)
 
 fixture: $(FIXTURE)/SHA256SUMS ## Generate the tiny ChatGLM3-architecture fixture model (deterministic)
+
+REHEARSAL_MODEL := $(ARTIFACTS)/models/chatglm3-rehearsal
+$(REHEARSAL_MODEL)/SHA256SUMS: $(REFENV)/.stamp service/glmdeploy/fixture.py service/glmdeploy/chatglm3.py $(wildcard service/glmdeploy/fixture_files/*.py)
+	@PYTHONPATH=service $(REFENV)/bin/python -m glmdeploy.fixture --full-size $(REHEARSAL_MODEL)
+
+rehearsal-model: $(REHEARSAL_MODEL)/SHA256SUMS ## The fixture at ChatGLM3-6B-32k's full sizes, no weights: the gpu-cu121 rehearsal's model (docs/rehearsal.md)
 
 # The cpu profile serves the fixture; gpu-cu121 serves pre-staged real weights (see README).
 model: $(if $(filter cpu,$(PROFILE)),fixture)

@@ -6,6 +6,7 @@ profile a missing NVML binding is a failure, never a skip.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +23,9 @@ def _version(text: str) -> tuple[int, ...]:
 def nvml(node: NodeConfig) -> Iterator[Any]:
     if not node.gpu:
         pytest.skip(f"profile {node.profile} has no GPU: driver, memory, ECC and persistence checks do not apply")
+    absent = os.environ.get("SMOKE_GPU_ABSENT_REASON", "")
+    if absent:  # the gpu-cu121 rehearsal (docs/rehearsal.md): a GPU profile on purpose without a GPU
+        pytest.skip(f"no GPU on this node, on purpose: {absent}")
     try:
         import pynvml
     except ImportError:

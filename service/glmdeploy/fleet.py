@@ -102,12 +102,18 @@ def build(reports: Path, root: Path, model_root: Path) -> dict[str, Any]:
         hosts[host_dir.name] = fp
     problems: list[str] = []
     marks: dict[str, dict[str, str]] = {h: {} for h in hosts}
-    for field in FIELDS:
-        values = Counter(str(fp.get(field)) for fp in hosts.values())
-        majority = values.most_common(1)[0][0] if values else ""
-        for host, fp in hosts.items():
-            if len(values) > 1 and str(fp.get(field)) != majority:
-                marks[host][field] = "differs from other hosts"
+    # Nodes are held to each other within a profile and Python: a mixed fleet (cpu and
+    # gpu-cu121 nodes) differs between the groups by design, and each group against its lock.
+    groups: dict[tuple[str, str], list[str]] = {}
+    for host, fp in hosts.items():
+        groups.setdefault((str(fp.get("profile")), str(fp.get("python"))), []).append(host)
+    for (profile, _), members in groups.items():
+        for field in FIELDS:
+            values = Counter(str(hosts[h].get(field)) for h in members)
+            majority = values.most_common(1)[0][0] if values else ""
+            for host in members:
+                if len(values) > 1 and str(hosts[host].get(field)) != majority:
+                    marks[host][field] = f"differs from other {profile} hosts"
     for host, fp in hosts.items():
         for field, want in expected_for(fp, root, model_root).items():
             if str(fp.get(field)) != want:

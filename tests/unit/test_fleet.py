@@ -106,3 +106,28 @@ def test_failed_smoke_and_changed_tokenizer_golden_fail_verify(fleet, tmp_path):
         "AssertionError: tokenizer drift: special_ids[<|user|>]" in text
     )
     assert "node2: tokenizer_golden: ffff (expected" in text
+
+
+def test_mixed_fleet_holds_each_profile_to_its_own_lock(fleet):
+    """A cpu node beside a gpu-cu121 node is no drift; a second gpu node that differs is."""
+    reports, models = fleet
+    gpu_pins = {n: v for n, (v, _) in lock.parse_lock(lock.lock_path("gpu-cu121", "3.11")).items()}
+    gpu = {
+        "profile": "gpu-cu121",
+        "release": "gpu-cu121-py311-def",
+        "lock": digest(ROOT / "constraints" / "gpu-cu121-py311.txt"),
+        "packages": "g1",
+        "units": "g-units",
+        "_package_versions": dict(gpu_pins, pip="23.0"),
+    }
+    edit(reports, "node2", **gpu)
+    report = build(reports, ROOT, models)
+    assert report["problems"] == []
+    (reports / "node3").mkdir()
+    shutil.copy(reports / "node2" / "fingerprint.json", reports / "node3" / "fingerprint.json")
+    shutil.copy(reports / "node2" / "smoke.json", reports / "node3" / "smoke.json")
+    (reports / "node4").mkdir()
+    shutil.copy(reports / "node2" / "fingerprint.json", reports / "node4" / "fingerprint.json")
+    shutil.copy(reports / "node2" / "smoke.json", reports / "node4" / "smoke.json")
+    edit(reports, "node4", units="g-units-edited")
+    assert build(reports, ROOT, models)["problems"] == ["node4: units: differs from other gpu-cu121 hosts"]
