@@ -38,7 +38,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: rehearsal-model rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
+.PHONY: test-packages hosts-prefetch rehearsal-model rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -172,7 +172,23 @@ drills: tools ## Fault drills under load on 3 test hosts (the fleet tests plus t
 	set -o pipefail; $(TOOLS)/bin/python -m pytest -q -rs -p no:cacheprovider --durations=15 tests/e2e/test_fleet.py $(PYTEST_ARGS) \
 	  2>&1 | tee bench/drills/last-run.txt
 
-test: lint lock-check unit e2e ## Everything CI runs: lint, lock re-resolve check, unit tests, end-to-end deploy
+# What the tests need from the distribution: a headless browser (UI test), libnuma (CPU vLLM),
+# zstd (release packs), debootstrap + systemd-nspawn + iproute2 + ssh (test hosts).
+TEST_PACKAGES := chromium libnuma1 python3-venv zstd debootstrap systemd-container iproute2 openssh-client
+
+test-packages: ## Install the distribution packages the tests need (root; nothing happens when all are there)
+	@if dpkg -s $(TEST_PACKAGES) >/dev/null 2>&1; then echo "==> test packages present"; \
+	elif [ "$$(id -u)" != 0 ]; then echo "ERROR: the tests need these packages: $(TEST_PACKAGES); fix: run make test as root, or apt install them"; exit 2; \
+	else echo "==> installing the packages the tests need (about a minute): $(TEST_PACKAGES)"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(TEST_PACKAGES) >/dev/null; fi
+
+# The test hosts' golden rootfs is mostly download and unpack: built in the background while
+# lint, lock check and unit tests run (the first test host waits on its lock if not done by then).
+hosts-prefetch: tools test-packages
+	@if [ "$$(id -u)" = 0 ]; then echo "==> building the test-host golden rootfs in the background (reports/golden.log)"; \
+	  mkdir -p reports; nohup $(HOSTCTL) golden > reports/golden.log 2>&1 & fi
+
+test: test-packages hosts-prefetch lint lock-check unit e2e ## Everything CI runs: system packages, lint, lock re-resolve check, unit tests, end-to-end deploy (incl. the gpu-cu121 rehearsal)
 
 hosts: tools ## Create N (default 3) fresh systemd test hosts in network namespaces; writes their inventory
 	$(HOSTCTL) up $(N)

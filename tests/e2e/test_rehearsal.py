@@ -36,7 +36,7 @@ DROPIN = f"""# glmdeploy rehearsal (tests/e2e/test_rehearsal.py): vLLM's GPU exe
 ExecStartPre=+/usr/bin/python3 {STANDIN}/install_standin.py --venv /opt/glmdeploy/current/venv
 Environment=GLMDEPLOY_REHEARSAL_GPU_CLASS=rtx-4090 GLMDEPLOY_REHEARSAL_LOG_PROMPTS=1
 """
-REASON = "gpu-cu121 rehearsal on a test host: vLLM's GPU executor is a stand-in (docs/rehearsal.md)"
+REASON = "gpu-cu121 rehearsal on a test host, the GPU executor of vLLM is a stand-in (docs/rehearsal.md)"
 
 
 def on_host(host: str, command: str) -> subprocess.CompletedProcess[str]:
