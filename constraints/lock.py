@@ -191,7 +191,7 @@ def platform_args(glibc_minor: int = 35) -> list[str]:
 
 def link_or_copy(src: Path, dest: Path) -> None:
     """Hard link where both sides share a file system (no second copy of 3.3 GB), else copy; never half a file."""
-    tmp = dest.with_name(f".{dest.name}.part")
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.part")
     tmp.unlink(missing_ok=True)
     try:
         os.link(src, tmp)
@@ -210,16 +210,22 @@ def sync_cache(lock: Path, source: Path, target: Path) -> int:
     if not source.is_dir():
         return 0
     entries = parse_lock(lock)
-    target.mkdir(parents=True, exist_ok=True)
     placed = 0
-    for whl in sorted(source.glob("*.whl")):
-        name = wheel_name(whl.name)
-        if name not in entries or (target / whl.name).exists():
-            continue
-        version, hashes = entries[name]
-        if f"-{version}-" in whl.name and sha256(whl) in hashes:
-            link_or_copy(whl, target / whl.name)
-            placed += 1
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        for whl in sorted(source.glob("*.whl")):
+            name = wheel_name(whl.name)
+            if name not in entries or f"-{entries[name][0]}-" not in whl.name:
+                continue
+            hashes = entries[name][1]
+            existing = target / whl.name
+            if existing.exists() and sha256(existing) in hashes:
+                continue
+            if sha256(whl) in hashes:  # a damaged entry on the other side is replaced
+                link_or_copy(whl, existing)
+                placed += 1
+    except OSError as exc:  # the cache only saves time: a control node that cannot write it still works
+        print(f"WARNING: wheel cache {target} not used: {exc}", file=sys.stderr)
     return placed
 
 
@@ -228,6 +234,11 @@ def cmd_wheelhouse(args: argparse.Namespace) -> None:
     dest = Path(args.dest)
     dest.mkdir(parents=True, exist_ok=True)
     cache = Path(args.cache) if args.cache else None
+    tampered = [p for p in verify_wheelhouse(lock, dest) if p.startswith("tampered wheel:")]
+    if tampered:
+        # Never repaired behind the user's back: a wheel that does not match the lock is news.
+        fix = f"fix: delete the named wheels from {dest} (or run `make wheelhouse PROFILE={args.profile}` after that)"
+        raise LockError("\n".join([*tampered, fix]))
     placed = sync_cache(lock, cache, dest) if cache is not None and verify_wheelhouse(lock, dest) else 0
     if placed:
         print(f"==> {placed} wheels taken from the wheel cache {cache}", flush=True)

@@ -137,3 +137,11 @@ def test_forced_plain_token_runs_to_max_tokens(client: ApiClient, builder: Promp
 def test_models_endpoint_lists_the_served_model(client: ApiClient, node: NodeConfig) -> None:
     ids = [m["id"] for m in client.get_json("/models")["data"]]
     assert node.served_model_name in ids
+
+
+def test_chat_endpoint_serves_several_choices(client: ApiClient, node: NodeConfig) -> None:
+    """n > 1 makes the engine fork the prompt's sequence (a copy of the served chat prompt)."""
+    body = {"model": node.served_model_name, "max_tokens": 4, "n": 2, "messages": CHATS["one_turn"]}
+    response = json.loads(client._request("POST", "/chat/completions", body).read())
+    assert len(response["choices"]) == 2, response
+    assert all(c["message"]["content"] is not None for c in response["choices"]), response

@@ -131,24 +131,29 @@ class ApiClient:
         """Decoded server-sent events of one streamed request, until `[DONE]`.
 
         A `data: {"error": ...}` event (what vLLM sends when generation fails after the
-        stream began, with HTTP 200 already sent) raises ServerError: the caller must never
-        mistake it for an empty reply. Hand-written because vLLM's events are one `data:`
-        line each, and the locked environments carry no SSE library.
+        stream began, with HTTP 200 already sent) raises ServerError, and so does a stream
+        cut off before `[DONE]` (a proxy timeout, a server that died): the caller must never
+        mistake either for a complete reply. Hand-written because vLLM's events are one
+        `data:` line each, and the locked environments carry no SSE library.
         """
         response = self._request("POST", path, body)
-        for raw in response:
-            line = raw.decode("utf-8").strip()
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                return
-            event = json.loads(data)
-            if isinstance(event, dict) and event.get("error"):
-                error = event["error"]
-                message = error.get("message", error) if isinstance(error, dict) else error
-                raise ServerError(f"POST {path}: the server reported an error mid-stream: {message}")
-            yield event
+        try:
+            for raw in response:
+                line = raw.decode("utf-8").strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    return
+                event = json.loads(data)
+                if isinstance(event, dict) and event.get("error"):
+                    error = event["error"]
+                    message = error.get("message", error) if isinstance(error, dict) else error
+                    raise ServerError(f"POST {path}: the server reported an error mid-stream: {message}")
+                yield event
+        except (http.client.HTTPException, OSError) as exc:
+            raise ServerUnavailable(f"POST {path}: the stream from {self.base_url} broke off: {exc}") from exc
+        raise ServerError(f"POST {path}: the stream ended without [DONE]: the reply may be cut short")
 
     def _stream_choices(self, body: dict[str, Any], usage: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
         for event in self.stream_events("/completions", body):

@@ -106,7 +106,8 @@ def build(reports: Path, root: Path, model_root: Path) -> dict[str, Any]:
     # gpu-cu121 nodes) differs between the groups by design, and each group against its lock.
     groups: dict[tuple[str, str], list[str]] = {}
     for host, fp in hosts.items():
-        groups.setdefault((str(fp.get("profile")), str(fp.get("python"))), []).append(host)
+        minor = ".".join(str(fp.get("python")).split(".")[:2])  # 3.11.2 and 3.11.9 share a lock
+        groups.setdefault((str(fp.get("profile")), minor), []).append(host)
     for (profile, _), members in groups.items():
         for field in FIELDS:
             values = Counter(str(hosts[h].get(field)) for h in members)

@@ -43,6 +43,11 @@ class ChatPrompt(str):
         obj.token_ids = tuple(token_ids)
         return obj
 
+    def __reduce__(self) -> tuple[type[ChatPrompt], tuple[str, tuple[int, ...]]]:
+        # vLLM copies sequences (deepcopy on fork: n > 1, best_of, beam search) and may pickle
+        # them to other processes: the ids must travel with the text.
+        return (ChatPrompt, (str(self), self.token_ids))
+
 
 def _messages(conversation: Any) -> list[Mapping[str, str]]:
     """OpenAI-style messages; content given as parts (`[{"type": "text", ...}]`) is joined."""

@@ -42,6 +42,9 @@ def playbook(scenario: str, *extra: str) -> subprocess.CompletedProcess[str]:
             str(SCENARIOS / scenario / "converge.yml"),
             "-e",
             "glmdeploy_control_dir=" + str(ROOT),
+            # The scenarios exercise the roles as the cpu profile uses them (site.yml reads it per node).
+            "-e",
+            "glmdeploy_profile=cpu",
             *extra,
         ],
         capture_output=True,

