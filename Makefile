@@ -33,6 +33,11 @@ MODEL     ?= chatglm3-6b-32k
 ROLLOUT_SERIAL   ?= 1
 ROLLOUT_MAX_FAIL ?= 0
 BENCH_ARGS ?=
+# make deploy / rollout serve artifacts/ (wheelhouse, environment packs) to the inventory's other
+# machines for the length of the run, on the address each node is routed to (0: a free port).
+ARTIFACT_PORT ?= 0
+SERVE_ARTIFACTS = PYTHONPATH=service $(TOOLS)/bin/python -m glmdeploy.artifact_server \
+  --root $(ARTIFACTS) --inventory $(INVENTORY) --port $(ARTIFACT_PORT) --
 
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
@@ -44,6 +49,7 @@ help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@echo "  variables: INVENTORY=$(INVENTORY)  ANSIBLE_ARGS=...  PROFILE=cpu|gpu-cu121 (forces one profile on every node;"
 	@echo "             unset, each node's inventory setting or hardware decides)  WHEEL_CACHE=$(WHEEL_CACHE)"
+	@echo "             ARTIFACT_PORT=$(ARTIFACT_PORT) (the port make deploy/rollout serve artifacts/ on to other machines; 0: a free one)"
 
 $(TOOLS)/.stamp: constraints/tools-py311.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' || \
@@ -84,7 +90,7 @@ $(REHEARSAL_MODEL)/SHA256SUMS: $(REFENV)/.stamp service/glmdeploy/fixture.py ser
 rehearsal-model: $(REHEARSAL_MODEL)/SHA256SUMS ## The fixture at ChatGLM3-6B-32k's full sizes, no weights: the gpu-cu121 rehearsal's model (docs/rehearsal.md)
 
 # The cpu profile serves the fixture; gpu-cu121 serves pre-staged real weights (see README).
-model: $(if $(filter cpu,$(PROFILE)),fixture)
+model: $(if $(filter cpu,$(PROFILE)),fixture) ## The model PROFILE serves on the control node (cpu: the fixture; gpu-cu121: make weights)
 
 weights: PROFILE = gpu-cu121
 weights: $(REFENV)/.stamp ## Stage the real model once (control node with internet): REVISION=<40-hex commit>; MIRROR=url or FROM=dir instead of the hub
@@ -95,7 +101,7 @@ weights: $(REFENV)/.stamp ## Stage the real model once (control node with intern
 # The playbook prepares the wheelhouse of every profile and Python the nodes need; the fixture
 # is always made (seconds; cpu nodes serve it), real weights are staged by `make weights`.
 deploy: tools $(REFENV)/.stamp fixture ## Deploy to INVENTORY (default: this machine) and run the smoke tests; each node's profile is its own
-	ansible-playbook -i $(INVENTORY) playbooks/site.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
+	$(SERVE_ARTIFACTS) ansible-playbook -i $(INVENTORY) playbooks/site.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 
 undeploy: tools ## Stop the services and remove the deployment (keeps artifacts/)
 	ansible-playbook -i $(INVENTORY) playbooks/undeploy.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
@@ -112,7 +118,7 @@ undrain: tools ## Put HOST back behind the load balancer
 	ansible-playbook -i $(INVENTORY) playbooks/lb.yml -e '{"load_balancer_undrain": ["$(HOST)"]}' $(ANSIBLE_ARGS)
 
 rollout: tools $(REFENV)/.stamp fixture ## Upgrade the fleet one node at a time out of the balancer (ROLLOUT_SERIAL=1, ROLLOUT_MAX_FAIL=0); a failing node returns to its previous release
-	@rc=0; ansible-playbook -i $(INVENTORY) playbooks/rollout.yml $(FORCE_PROFILE) \
+	@rc=0; $(SERVE_ARTIFACTS) ansible-playbook -i $(INVENTORY) playbooks/rollout.yml $(FORCE_PROFILE) \
 	  -e rollout_serial=$(ROLLOUT_SERIAL) -e rollout_max_fail_percentage=$(ROLLOUT_MAX_FAIL) $(ANSIBLE_ARGS) || rc=$$?; \
 	  $(MAKE) --no-print-directory releases; exit $$rc
 
@@ -125,7 +131,7 @@ releases: tools ## Which release each node of INVENTORY runs, and which it would
 	ansible-playbook -i $(INVENTORY) playbooks/releases.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 	@$(MAKE) --no-print-directory releases-table
 
-releases-table:
+releases-table: ## Print the table of releases per node from reports/releases/ (after make releases)
 	@echo "==> releases per node (reports/releases/)"
 	@PYTHONPATH=service $(TOOLS)/bin/python -m glmdeploy.release table reports/releases/*.json
 
@@ -185,7 +191,7 @@ test-packages: ## Install the distribution packages the tests need (root; nothin
 
 # The test hosts' golden rootfs is mostly download and unpack: built in the background while
 # lint, lock check and unit tests run (the first test host waits on its lock if not done by then).
-hosts-prefetch: tools test-packages
+hosts-prefetch: tools test-packages ## Build the test hosts' Debian rootfs in the background (make test starts it)
 	@if [ "$$(id -u)" = 0 ]; then echo "==> building the test-host golden rootfs in the background (reports/golden.log)"; \
 	  mkdir -p reports; nohup $(HOSTCTL) golden > reports/golden.log 2>&1 & fi
 
@@ -194,7 +200,7 @@ test: test-packages hosts-prefetch lint lock-check unit e2e ## Everything CI run
 hosts: tools ## Create N (default 3) fresh systemd test hosts in network namespaces; writes their inventory
 	$(HOSTCTL) up $(N)
 
-hosts-down: tools ## Destroy every test host and the controller-side apt proxy and artifact server
+hosts-down: tools ## Destroy every test host and the controller-side apt proxy
 	$(HOSTCTL) down
 
 hosts-status: tools ## List the test hosts

@@ -36,7 +36,6 @@ BRIDGE = "glmbr0"
 SUBNET = "10.77.0"
 CONTROLLER = f"{SUBNET}.1"
 APT_PORT = 3142
-ARTIFACT_PORT = 8080
 PACKAGES = (
     "systemd",
     "systemd-sysv",
@@ -191,14 +190,9 @@ def start_servers() -> None:
             *[a for h in hosts for a in ("--allow", h)],
         ],
     )
-    artifacts = ROOT / "artifacts"
-    artifacts.mkdir(exist_ok=True)
-    start_server(
-        "artifacts",
-        [sys.executable, "-m", "http.server", str(ARTIFACT_PORT), "--bind", CONTROLLER, "--directory", str(artifacts)],
-    )
-    for port in (APT_PORT, ARTIFACT_PORT):
-        wait_port(CONTROLLER, port, 10, f"controller service on port {port}")
+    # Artifacts reach the hosts the way they reach any node: through the server `make deploy` runs
+    # for the length of the run (glmdeploy.artifact_server), not one started here.
+    wait_port(CONTROLLER, APT_PORT, 10, f"controller service on port {APT_PORT}")
 
 
 def wait_port(host: str, port: int, timeout: float, what: str) -> float:
@@ -300,7 +294,6 @@ def write_inventory(names: list[str], key: Path) -> Path:
         f"ansible_ssh_private_key_file={key}",
         "ansible_ssh_common_args='-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR'",
         "ansible_python_interpreter=/usr/bin/python3",
-        f"glmdeploy_artifact_url=http://{CONTROLLER}:{ARTIFACT_PORT}",
         "# The hosts share this machine's CPUs: one throughput check at a time, and vLLM's CPU",
         "# workers not pinned (each host would pin its worker to core 0: three workers on one core).",
         "smoke_throttle=1",
@@ -431,7 +424,7 @@ def down() -> None:
         hdir.rename(trash)
         subprocess.Popen(["rm", "-rf", str(trash)], start_new_session=True)
         log(f"{name} removed")
-    stop_pids([STATE / "aptproxy.pid", STATE / "artifacts.pid"], timeout=5)
+    stop_pids([STATE / "aptproxy.pid"], timeout=5)
     run("ip", "link", "del", BRIDGE, check=False)
     for leftover in [*STATE.glob("inventory*.ini"), STATE / "hosts.json"]:
         leftover.unlink(missing_ok=True)

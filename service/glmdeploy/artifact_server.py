@@ -1,0 +1,187 @@
+"""Serve the control node's artifacts to the nodes for the length of one command (make deploy, rollout).
+
+Nodes have no internet: they install from the control node's wheelhouse and environment packs
+over HTTP (pip needs an HTTP find-links index for a remote node). A server the user starts by
+hand is one more step to forget, stays open after the run and used to serve all of artifacts/,
+the API key included. This one:
+
+- starts only when the inventory has a node that is not this machine and has no
+  ``glmdeploy_artifact_url`` of its own (a lab mirror);
+- binds only the control node's address that each such node is routed to (``ip route get``),
+  never every interface;
+- serves ``wheelhouse/`` and ``releases/`` read-only (what nodes fetch), nothing else:
+  ``secrets/`` and the model files (copied over the Ansible connection) answer 404;
+- tells the playbook each node's URL in ``GLMDEPLOY_ARTIFACT_URLS`` (a JSON map, read by the
+  ``glmdeploy`` role's defaults); preflight checks every node reaches it before anything changes;
+- stops when the command ends, however it ends.
+
+Usage: ``python -m glmdeploy.artifact_server --root artifacts --inventory INV -- COMMAND [ARG...]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import ipaddress
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+URLS_VAR = "GLMDEPLOY_ARTIFACT_URLS"
+#: The only trees a node fetches over HTTP.
+SERVED = ("wheelhouse", "releases")
+LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
+
+
+class ArtifactError(Exception):
+    """A problem the user fixes (named, with the fix)."""
+
+
+def log(message: str) -> None:
+    print(f"==> {message}", flush=True)
+
+
+class Handler(SimpleHTTPRequestHandler):
+    """Read-only files and listings under SERVED; everything else 404, no request log on stdout."""
+
+    log_file: Any = None
+
+    def send_head(self) -> Any:  # the one hook for both GET and HEAD
+        top = self.path.lstrip("/").split("/", 1)[0].split("?", 1)[0]
+        if top not in SERVED:
+            self.send_error(404, "not served")
+            return None
+        return super().send_head()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        if self.log_file is not None:
+            self.log_file.write(f"{self.address_string()} {format % args}\n")
+            self.log_file.flush()
+
+
+def inventory_nodes(inventory: str) -> dict[str, dict[str, Any]]:
+    """hostvars of every host in the inventory (ansible-inventory --list: the inventory as Ansible reads it)."""
+    out = subprocess.run(["ansible-inventory", "-i", inventory, "--list"], capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise ArtifactError(f"cannot read the inventory {inventory}: {out.stderr.strip()[-500:]}")
+    data = json.loads(out.stdout)
+    hostvars: dict[str, dict[str, Any]] = data.get("_meta", {}).get("hostvars", {})
+    hosts = _hosts_of(data, "all")
+    return {h: hostvars.get(h, {}) for h in sorted(hosts)}
+
+
+def _hosts_of(data: dict[str, Any], group: str) -> set[str]:
+    entry = data.get(group, {})
+    hosts = set(entry.get("hosts", []))
+    for child in entry.get("children", []):
+        hosts |= _hosts_of(data, child)
+    return hosts
+
+
+def needs_server(name: str, hostvars: dict[str, Any]) -> bool:
+    if hostvars.get("ansible_connection") == "local" or name in LOCAL_NAMES:
+        return False
+    return not str(hostvars.get("glmdeploy_artifact_url", "")).strip()
+
+
+def source_address(name: str, address: str) -> str:
+    """This machine's address on the route to the node: where the node can reach us."""
+    try:
+        ip = ipaddress.ip_address(socket.getaddrinfo(address, None)[0][4][0])
+    except (socket.gaierror, ValueError) as err:
+        raise ArtifactError(f"node {name}: cannot resolve its address {address!r} ({err}); fix: ansible_host") from err
+    out = subprocess.run(["ip", "route", "get", str(ip)], capture_output=True, text=True, check=False)
+    match = re.search(r"\bsrc (\S+)", out.stdout)
+    if out.returncode != 0 or not match:
+        raise ArtifactError(
+            f"node {name} ({ip}): this control node has no route to it ({out.stderr.strip() or out.stdout.strip()}); "
+            "fix: the node's ansible_host, or this machine's network"
+        )
+    return match.group(1)
+
+
+def serve(root: Path, addresses: list[str], port: int, log_path: Path) -> tuple[list[ThreadingHTTPServer], int]:
+    """One server per address, all on one port (the first bind picks it when port is 0)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    handler = type("BoundHandler", (Handler,), {"log_file": log_path.open("a")})
+    servers: list[ThreadingHTTPServer] = []
+    for address in addresses:
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        server_class = type("Server", (ThreadingHTTPServer,), {"address_family": family, "daemon_threads": True})
+        try:
+            server = server_class((address, port), functools.partial(handler, directory=str(root)))
+        except OSError as err:
+            for started in servers:
+                started.server_close()
+            raise ArtifactError(
+                f"cannot serve artifacts on {address}:{port} ({err.strerror}); "
+                "fix: free that port or choose another with ARTIFACT_PORT=..."
+            ) from err
+        port = server.server_address[1]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+    return servers, port
+
+
+def _url(address: str, port: int) -> str:
+    host = f"[{address}]" if ":" in address else address
+    return f"http://{host}:{port}"
+
+
+def run(root: Path, inventory: str, port: int, command: list[str]) -> int:
+    nodes = {name: hv for name, hv in inventory_nodes(inventory).items() if needs_server(name, hv)}
+    env = dict(os.environ)
+    servers: list[ThreadingHTTPServer] = []
+    if nodes:
+        if not root.is_dir():
+            raise ArtifactError(f"{root} does not exist: nothing to serve; fix: run from the kit's checkout")
+        sources = {name: source_address(name, str(hv.get("ansible_host", name))) for name, hv in nodes.items()}
+        servers, port = serve(root, sorted(set(sources.values())), port, Path("reports") / "artifact-server.log")
+        urls = {name: _url(address, port) for name, address in sources.items()}
+        env[URLS_VAR] = json.dumps(urls, sort_keys=True)
+        where = ", ".join(sorted({_url(a, port) for a in sources.values()}))
+        log(f"serving {root}/wheelhouse and {root}/releases to {len(urls)} node(s) at {where} for this run")
+    child = subprocess.Popen(command, env=env)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
+    try:
+        return child.wait()
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+        if servers:
+            log("artifact server stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m glmdeploy.artifact_server",
+        description="Run COMMAND while the nodes of INVENTORY can fetch ROOT's wheelhouse/ and releases/ "
+        "over HTTP from this machine; the server stops when COMMAND ends.",
+    )
+    parser.add_argument("--root", type=Path, default=Path("artifacts"), help="artifacts directory (default artifacts)")
+    parser.add_argument("--inventory", required=True, help="the Ansible inventory of the run")
+    parser.add_argument("--port", type=int, default=0, help="TCP port (default 0: a free one)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG...]")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("a command is required after --")
+    try:
+        return run(args.root.resolve(), args.inventory, args.port, command)
+    except ArtifactError as err:
+        print(f"ERROR: {err}. Nothing was changed.", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
