@@ -256,6 +256,34 @@ def test_occupied_port_is_named_with_a_fix(deployed):
     _still_serving(deployed, before)
 
 
+# Bad input on a serving node: each is refused before any change, naming the setting and the fix.
+BAD_INPUT = {
+    "privileged port": ("vllm_server_port=80", ["vllm_server_port=80", "ports below 1024 need root"]),
+    "port out of range": ("chat_ui_port=70000", ["chat_ui_port=70000", "a TCP port is a number from 1 to 65535"]),
+    "two services on one port": ("chat_ui_port=8000", ["two services on one port", "chat_ui_port"]),
+    "zero context length": ("vllm_server_max_model_len=0", ["vllm_server_max_model_len=0", "above 0"]),
+    "mistyped setting": (
+        "vllm_server_prot=8010",
+        ["unknown setting(s) for localhost: vllm_server_prot (did you mean vllm_server_port?)"],
+    ),
+}
+
+
+def _node_state() -> dict:
+    releases = sorted(p.name for p in Path("/opt/glmdeploy/releases").iterdir())
+    return {"current": Path("/opt/glmdeploy/current").resolve().name, "releases": releases, "pids": service_pids()}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_input_is_refused_before_any_change_naming_the_setting_and_fix(deployed, case):
+    setting, needles = BAD_INPUT[case]
+    before = _node_state()
+    proc = make("deploy", f"ANSIBLE_ARGS=-e {setting}")
+    FIGURES.setdefault("bad input refused after (s)", {})[case] = round(proc.elapsed, 1)  # type: ignore[attr-defined,union-attr]
+    _failed_with(proc, *needles, "fix:", "Nothing was changed")
+    assert _node_state() == before, f"{case}: the node changed although the input was refused"
+
+
 def test_tampered_model_file_is_named_and_nothing_changes(deployed, tmp_path):
     before = service_pids()
     bad = tmp_path / "model"
