@@ -36,7 +36,11 @@ BENCH_ARGS ?=
 # make deploy / rollout serve artifacts/ (wheelhouse, environment packs) to the inventory's other
 # machines for the length of the run, on the address each node is routed to (0: a free port).
 ARTIFACT_PORT ?= 0
-SERVE_ARTIFACTS = PYTHONPATH=service $(TOOLS)/bin/python -m glmdeploy.artifact_server \
+# One deploy, rollout or rollback per inventory at a time on this control node (LOCK_WAIT: seconds a
+# second run waits for the first before it stops, naming it).
+LOCK_WAIT ?= 0
+RUN_LOCKED = PYTHONPATH=service $(TOOLS)/bin/python -m glmdeploy.runlock --inventory $(INVENTORY) --wait $(LOCK_WAIT) --
+SERVE_ARTIFACTS = $(RUN_LOCKED) $(TOOLS)/bin/python -m glmdeploy.artifact_server \
   --root $(ARTIFACTS) --inventory $(INVENTORY) --port $(ARTIFACT_PORT) --
 
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
@@ -49,6 +53,7 @@ help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@echo "  variables: INVENTORY=$(INVENTORY)  ANSIBLE_ARGS=...  PROFILE=cpu|gpu-cu121 (forces one profile on every node;"
 	@echo "             unset, each node's inventory setting or hardware decides)  WHEEL_CACHE=$(WHEEL_CACHE)"
+	@echo "             LOCK_WAIT=$(LOCK_WAIT) (seconds a deploy, rollout, rollback or undeploy waits for another run on the same inventory)"
 	@echo "             ARTIFACT_PORT=$(ARTIFACT_PORT) (the port make deploy/rollout serve artifacts/ on to other machines; 0: a free one)"
 
 $(TOOLS)/.stamp: constraints/tools-py311.txt
@@ -104,7 +109,7 @@ deploy: tools $(REFENV)/.stamp fixture ## Deploy to INVENTORY (default: this mac
 	$(SERVE_ARTIFACTS) ansible-playbook -i $(INVENTORY) playbooks/site.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 
 undeploy: tools ## Stop the services and remove the deployment (keeps artifacts/)
-	ansible-playbook -i $(INVENTORY) playbooks/undeploy.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
+	$(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/undeploy.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 
 lb: tools ## Configure the load balancer (INVENTORY's glmdeploy_lb group) in front of the nodes
 	ansible-playbook -i $(INVENTORY) playbooks/lb.yml $(ANSIBLE_ARGS)
@@ -123,7 +128,7 @@ rollout: tools $(REFENV)/.stamp fixture ## Upgrade the fleet one node at a time 
 	  $(MAKE) --no-print-directory releases; exit $$rc
 
 rollback: tools ## Return every node (or HOST=node) to its previous release, one at a time out of the balancer
-	@rc=0; ansible-playbook -i $(INVENTORY) playbooks/rollback.yml $(FORCE_PROFILE) $(if $(HOST),--limit $(HOST)) $(ANSIBLE_ARGS) || rc=$$?; \
+	@rc=0; $(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/rollback.yml $(FORCE_PROFILE) $(if $(HOST),--limit $(HOST)) $(ANSIBLE_ARGS) || rc=$$?; \
 	  $(MAKE) --no-print-directory releases; exit $$rc
 
 releases: tools ## Which release each node of INVENTORY runs, and which it would roll back to
@@ -167,7 +172,7 @@ lint: tools ## ansible-lint (production profile), yamllint, ruff, playbook synta
 	ruff format --check service smoke_tests tests constraints roles plugins
 
 unit: tools $(REFENV)/.stamp fixture ## Unit tests of service/ and the lock tooling
-	PYTHONPATH=service $(REFENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)
+	PYTHONPATH=service $(REFENV)/bin/python -m pytest -q -rs -p no:cacheprovider tests/unit $(PYTEST_ARGS)
 
 e2e: tools ## End-to-end: real make deploy here, API + headless-browser chat, broken-setup cases, undeploy
 	rm -rf reports/e2e-logs

@@ -150,8 +150,10 @@ def run(root: Path, inventory: str, port: int, command: list[str]) -> int:
         where = ", ".join(sorted({_url(a, port) for a in sources.values()}))
         log(f"serving {root}/wheelhouse and {root}/releases to {len(urls)} node(s) at {where} for this run")
     child = subprocess.Popen(command, env=env)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
+    # Ctrl-C reaches the command from the terminal itself (one process group); SIGTERM sent to
+    # this process alone is passed on.
+    signal.signal(signal.SIGINT, lambda _signum, _frame: None)
+    signal.signal(signal.SIGTERM, lambda signum, _frame: child.send_signal(signum))
     try:
         return child.wait()
     finally:

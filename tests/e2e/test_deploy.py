@@ -5,18 +5,24 @@ Tests run in file order against one deployment (see conftest.deployed).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import shutil
 import socket
 import subprocess
+import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 from conftest import FIGURES, ROOT, http_json, make, one_engine_left, service_pids, service_user_processes
+
+sys.path.insert(0, str(ROOT / "service"))
+from glmdeploy import runlock
 
 FIXTURE = ROOT / "artifacts" / "models" / "chatglm3-fixture"
 WHEELHOUSE = ROOT / "artifacts" / "wheelhouse" / "cpu-py311"
@@ -27,14 +33,39 @@ def api(deployed: dict) -> str:
     return deployed["node"]["api_url"]
 
 
-def test_second_deploy_changes_nothing_and_keeps_services_running(deployed):
+def _lock_held(path: Path) -> bool:
+    try:
+        with path.open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except FileNotFoundError:
+        return False
+    return False
+
+
+def test_second_deploy_changes_nothing_and_a_concurrent_one_is_refused(deployed):
     before = service_pids()
-    again = make("deploy")
+    runs: dict[str, subprocess.CompletedProcess[str]] = {}
+    first = threading.Thread(target=lambda: runs.update(again=make("deploy")))
+    first.start()
+    lock = runlock.lock_path(str(ROOT / "playbooks" / "localhost.ini"))
+    deadline = time.monotonic() + 120
+    while not _lock_held(lock) and first.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _lock_held(lock), "the first deploy never held the inventory's lock"
+    concurrent = make("deploy")
+    first.join()
+    again = runs["again"]
+    assert concurrent.returncode != 0 and "another run is using the inventory" in concurrent.stderr
+    assert re.search(
+        r"PID \d+, started .*ansible-playbook -i playbooks/localhost.ini playbooks/site.yml", concurrent.stderr
+    )
     assert again.returncode == 0
     recap = re.search(r"localhost\s*:\s*ok=\d+\s+changed=(\d+)", again.stdout)
     assert recap and recap.group(1) == "0", f"second deploy changed something: {recap and recap.group(0)}"
     assert service_pids() == before and all(before.values()), "a service was restarted by a no-op deploy"
-    FIGURES["make deploy, re-run with changed=0 (s)"] = round(again.elapsed, 1)
+    FIGURES["make deploy, re-run with changed=0 (s)"] = round(again.elapsed, 1)  # type: ignore[attr-defined]
 
 
 def test_node_runs_a_complete_named_release_through_current(deployed):

@@ -12,11 +12,22 @@
 #   .gpu/vllm.tar.xz.partN     vLLM 0.26.0 with unused kernels removed, in pieces under 64 MiB
 #   .gpu/chatglm3-6b-32k-architecture   real-size config + the fixture's tokenizer, no weights
 #
+# The tokenizer is the kit's production path (roles/vllm_server/tasks/config.yml): a release
+# `tokenizer/` directory (tokenization_glmdeploy.py rendered from the role's template, the
+# model's tokenizer_config.json with auto_map -> GlmdeployServedTokenizer and the kit's
+# chatglm3.jinja as chat_template), given to vLLM as `--tokenizer <dir> --trust-remote-code`,
+# no --chat-template. The model's tokenizer is ChatGLM3's slow SentencePiece one (remote code,
+# no tokenizer.json). GLMDEPLOY_H200_TOKENIZER=model-chat-template gives the path of the
+# 2026-12-01 run instead (the model directory's tokenizer + --chat-template).
+#
 #   tests/gpu/h200.sh stage1   install the wheels, stash piece 1, NVML smoke checks
 #   tests/gpu/h200.sh stage2   assemble vLLM, start the kit-tuned server, smoke suite, bench
 #   tests/gpu/h200.sh stage3   engine defaults, prefix caching off, one request at a time
 #   tests/gpu/h200.sh tp2      (nvidia-h200-x2, after stage1) tensor parallel 2 with the kit's TP sizing
 #   tests/gpu/h200.sh baseline the smoke suite's throughput baseline (after stage1)
+#   tests/gpu/h200.sh served   (after stage1) kit-tuned server on the served tokenizer: the whole
+#                              smoke suite (smoke_tests/), bench 1/4/16/64/256 streams, the
+#                              detokenizer's CPU cost (bench/h200/detok_cost.py)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1
@@ -27,11 +38,43 @@ STASH=/tmp/glmdeploy-stash
 MODEL=$PWD/.gpu/chatglm3-6b-32k-architecture
 export PYTHONPATH=$SITE:$PWD/service
 NODE=/tmp/node.json
+TOKENIZER_MODE=${GLMDEPLOY_H200_TOKENIZER:-served}
+TOKDIR=/tmp/glmdeploy-release/tokenizer
 mkdir -p "$OUT" "$SITE" "$STASH"
+
+served_tokenizer() {  # the release's tokenizer/ directory, built as roles/vllm_server renders it
+  python3 - "$MODEL" "$TOKDIR" <<'PY'
+import json, sys
+from pathlib import Path
+import jinja2
+model, out = sys.argv[1], Path(sys.argv[2])
+out.mkdir(parents=True, exist_ok=True)
+env = jinja2.Environment(keep_trailing_newline=True)
+env.filters["to_json"] = json.dumps  # Ansible's filter; `string` is Jinja's own
+template = Path("roles/vllm_server/templates/tokenization_glmdeploy.py.j2").read_text(encoding="utf-8")
+(out / "tokenization_glmdeploy.py").write_text(env.from_string(template).render(vllm_server_model_dir=model))
+# vllm_server_tokenizer_config: the model's own, auto_map replaced, chat_template added
+# (lookup('file') strips trailing whitespace; to_nice_json sorts keys, indents 4).
+config = json.loads(Path(model, "tokenizer_config.json").read_text(encoding="utf-8"))
+config["auto_map"] = {"AutoTokenizer": ["tokenization_glmdeploy.GlmdeployServedTokenizer", None]}
+config["chat_template"] = Path("roles/vllm_server/files/chatglm3.jinja").read_text(encoding="utf-8").rstrip()
+(out / "tokenizer_config.json").write_text(json.dumps(config, indent=4, sort_keys=True) + "\n")
+print(f"==> served tokenizer in {out}: {sorted(p.name for p in out.iterdir())}")
+PY
+}
+
+tokenizer_args() {  # the server's tokenizer arguments for TOKENIZER_MODE
+  case "$TOKENIZER_MODE" in
+  served) echo "--tokenizer $TOKDIR" ;;
+  model-chat-template) echo "--chat-template $PWD/roles/vllm_server/files/chatglm3.jinja" ;;
+  *) echo "GLMDEPLOY_H200_TOKENIZER: served or model-chat-template, not $TOKENIZER_MODE" >&2; exit 2 ;;
+  esac
+}
 
 node_json() {  # the node config the smoke suite and the bench read
   cat > "$NODE" <<EOF
 {"api_url": "http://127.0.0.1:8000/v1", "served_model_name": "chatglm3-6b-32k", "model_dir": "$MODEL",
+ "model_name": "chatglm3-fixture", "server_returns_token_ids": true,
  "profile": "h200-architecture", "dtype": "float16", "max_model_len": 32768, "trust_remote_code": true,
  "gpu": {"min_driver": "530.30.02", "min_memory_mib": 22500},
  "service_unit": "none", "service_log_file": "$1"}
@@ -42,11 +85,13 @@ start_server() {  # $1: label; the rest: extra vLLM arguments
   local label=$1; shift
   local log=$OUT/server-$label.log
   node_json "$log"
-  echo "==> [$label] vllm serve: $*"
+  [ "$TOKENIZER_MODE" != served ] || [ -f "$TOKDIR/tokenizer_config.json" ] || served_tokenizer || return 1
+  local tok; tok=$(tokenizer_args) || return 1
+  echo "==> [$label] vllm serve ($TOKENIZER_MODE tokenizer): $tok $*"
   local t0=$SECONDS
   python3 -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name chatglm3-6b-32k \
     --load-format dummy --dtype float16 --max-model-len 32768 --host 127.0.0.1 --port 8000 \
-    --trust-remote-code --chat-template "$PWD/roles/vllm_server/files/chatglm3.jinja" "$@" > "$log" 2>&1 &
+    --trust-remote-code $tok "$@" > "$log" 2>&1 &
   SERVER=$!
   for _ in $(seq 1 300); do
     if python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null; then
@@ -118,6 +163,27 @@ tp2)  # tensor parallel across both GPUs of an nvidia-h200-x2 machine (after sta
   bench tp2 --input-lens 512 --output-lens 256 --concurrency 1,64
   stop_server
   ;;
+served)  # the production tokenizer path on the kit-tuned server (2026-12-02; after stage1)
+  cp .gpu/vllm.tar.xz.part* "$STASH"/ 2>/dev/null
+  [ -d "$SITE/fastapi" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --upgrade --target "$SITE" .whl/*.whl || exit 1
+  [ -d "$SITE/vllm" ] || { cat "$STASH"/vllm.tar.xz.part* | xz -d -T0 | tar -C "$SITE" -xf - || exit 1; }
+  python3 -c "import vllm, transformers; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
+  served_tokenizer || exit 1
+  label=kit-served-tokenizer
+  start_server $label $(kit_args) || exit 1
+  grep -iE "slow tokenizer|tokenizer=|KV cache|max_num_batched_tokens" "$OUT/server-$label.log" | cut -c1-300 | head -20
+  GLMDEPLOY_NODE_CONFIG=$NODE SMOKE_JSON=$OUT/smoke-served-tokenizer.json python3 -m pytest -q -rs -p no:cacheprovider \
+    smoke_tests --junitxml "$OUT/smoke-served-tokenizer.xml" 2>&1 | tee "$OUT/smoke-served-tokenizer.txt"
+  bench $label --input-lens 512 --output-lens 256 --concurrency 1,4,16,64,256
+  stop_server
+  python3 bench/h200/detok_cost.py "$MODEL" "$TOKDIR" --json "$OUT/detok-served-tokenizer.json"
+  # The same server with no tokenizer in it at all (--skip-tokenizer-init: ids in, ids out, no
+  # detokenization), same session: what the HTTP path gives when detokenization costs nothing.
+  start_server kit-no-detokenize $(kit_args) --skip-tokenizer-init || exit 1
+  bench kit-no-detokenize --input-lens 512 --output-lens 256 --concurrency 1,4,16,64,256
+  stop_server
+  ;;
 stage3)
   start_server default || exit 1
   bench default --input-lens 512 --output-lens 256 --concurrency 1,64
@@ -130,5 +196,5 @@ stage3)
   stop_server
   ;;
 *)
-  echo "usage: $0 stage1|stage2|stage3" >&2; exit 2 ;;
+  echo "usage: $0 stage1|stage2|stage2b|stage3|served|baseline|tp2" >&2; exit 2 ;;
 esac

@@ -1,0 +1,77 @@
+"""glmdeploy.runlock: two runs on one inventory never overlap; the second names the first."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SERVICE = Path(__file__).resolve().parents[2] / "service"
+
+
+def locked(tmp_path: Path, inventory: Path, *command: str, wait: float = 0) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=str(SERVICE), GLMDEPLOY_LOCK_DIR=str(tmp_path / "locks"))
+    argv = [sys.executable, "-m", "glmdeploy.runlock", "--inventory", str(inventory), "--wait", str(wait), "--"]
+    return subprocess.Popen([*argv, *command], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture
+def inventory(tmp_path: Path) -> Path:
+    path = tmp_path / "inventory.ini"
+    path.write_text("[glmdeploy_nodes]\nnode1\n")
+    return path
+
+
+def first_run(tmp_path: Path, inventory: Path) -> tuple[subprocess.Popen[str], Path]:
+    started = tmp_path / "started"
+    proc = locked(tmp_path, inventory, "sh", "-c", f"touch {started}; sleep 60")
+    deadline = time.monotonic() + 20
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert started.exists(), "the first run did not start"
+    return proc, started
+
+
+def test_second_run_on_the_same_inventory_stops_naming_the_first(tmp_path, inventory):
+    first, _ = first_run(tmp_path, inventory)
+    try:
+        second = locked(tmp_path, inventory, "true")
+        _, err = second.communicate(timeout=30)
+        assert second.returncode == 75
+        assert f"PID {first.pid}, started " in err and "sleep 60" in err and "Nothing was changed" in err
+    finally:
+        first.kill()
+        first.wait()
+
+
+def test_a_killed_holder_leaves_no_stale_lock(tmp_path, inventory):
+    first, _ = first_run(tmp_path, inventory)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    second = locked(tmp_path, inventory, "true")
+    assert second.wait(timeout=30) == 0
+
+
+def test_a_waiting_run_starts_when_the_first_ends(tmp_path, inventory):
+    first, _ = first_run(tmp_path, inventory)
+    second = locked(tmp_path, inventory, "echo", "second ran", wait=60)
+    assert "waiting up to 60 s for another run on this inventory: PID" in second.stdout.readline()
+    first.send_signal(signal.SIGTERM)  # passed on to the command; the lock goes with the holder
+    out, _ = second.communicate(timeout=60)
+    assert second.returncode == 0 and "second ran" in out
+
+
+def test_other_inventories_are_not_blocked(tmp_path, inventory):
+    first, _ = first_run(tmp_path, inventory)
+    try:
+        other = tmp_path / "other.ini"
+        other.write_text("[glmdeploy_nodes]\nnode2\n")
+        assert locked(tmp_path, other, "true").wait(timeout=30) == 0
+    finally:
+        first.kill()
+        first.wait()
