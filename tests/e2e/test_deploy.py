@@ -315,6 +315,23 @@ def test_bad_input_is_refused_before_any_change_naming_the_setting_and_fix(deplo
     assert _node_state() == before, f"{case}: the node changed although the input was refused"
 
 
+def test_a_corrupted_deployed_model_file_is_named_then_repaired(deployed):
+    model = Path("/opt/glmdeploy/current/model").resolve()
+    victim = model / "model-00002-of-00002.safetensors"
+    before = _node_state()
+    with victim.open("r+b") as fh:
+        fh.seek(-16, 2)
+        fh.write(b"\xff" * 16)
+    proc = make("deploy")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    said = re.sub(r"\s+", " ", proc.stdout)
+    assert f"model files on localhost differ from their manifest in {model}: {victim.name}." in said
+    assert "They are replaced from the control node now." in said
+    check = subprocess.run(["sha256sum", "--check", "--quiet", "SHA256SUMS"], cwd=model, check=False)
+    assert check.returncode == 0, "the corrupted file was not repaired"
+    assert _node_state() == before, "repairing a model file changed the release or restarted a service"
+
+
 def test_tampered_model_file_is_named_and_nothing_changes(deployed, tmp_path):
     before = service_pids()
     bad = tmp_path / "model"
