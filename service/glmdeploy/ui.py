@@ -8,6 +8,7 @@ user typing `<|user|>` never creates a role marker.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import streamlit as st
@@ -62,11 +63,14 @@ def main() -> None:
     with st.chat_message("assistant"):
         try:
             ids = builder.chat_ids(history)
+            started = time.monotonic()
             reply = st.write_stream(
                 client.stream_completion(
                     ids, int(settings["max_tokens"]), float(settings["temperature"]), float(settings["top_p"])
                 )
             )
+            # Shown once the reply is complete (and what tells a test the stream ended).
+            st.caption(f"replied in {time.monotonic() - started:.1f} s")
         except ServerUnavailable as exc:
             history.pop()
             st.error(f"The model server is not answering: {exc}. Check the node with `make smoke`.")

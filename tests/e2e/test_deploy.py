@@ -184,13 +184,8 @@ def test_chat_in_a_real_browser_streams_and_keeps_history(deployed):
             box.press("Enter")
             reply = messages.nth(2 * turn - 1)
             reply.wait_for(timeout=60_000)
-            last, stable_since = None, time.monotonic()
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and time.monotonic() - stable_since < 3:
-                current = reply.inner_text()
-                if current != last:
-                    last, stable_since = current, time.monotonic()
-                time.sleep(0.1)
+            # The UI writes "replied in N s" under a reply once its stream has ended.
+            reply.get_by_text(re.compile(r"^replied in \d+\.\d s$")).wait_for(timeout=120_000)
             seen = {n for count, n in page.evaluate("() => window.__lengths") if count == 2 * turn and n > 0}
             assert reply.inner_text().strip(), f"turn {turn}: the assistant reply is empty"
             assert len(seen) >= 3, f"turn {turn}: reply arrived in one piece, not streamed ({sorted(seen)})"
@@ -262,6 +257,10 @@ def test_upgrade_drill_same_ids_pass_and_changed_tokenizer_is_named(deployed):
 
 def _still_serving(deployed, before):
     assert service_pids() == before, "a failed deploy touched the running services"
+    _generates(deployed)
+
+
+def _generates(deployed):
     out = http_json(
         api(deployed) + "/completions",
         {"model": deployed["node"]["served_model_name"], "prompt": CHAT_PROMPT_IDS, "max_tokens": 4},
@@ -414,6 +413,7 @@ def test_release_failing_its_health_gate_returns_the_node_to_the_previous_releas
     """A release whose server cannot start (here: an engine flag this vLLM does not know) is
     switched in, crashes, and the node goes back to the release it ran, and serves again."""
     good = Path("/opt/glmdeploy/current").resolve().name
+    before = service_pids()
     bad_args = '{"vllm_server_extra_args": ["--enforce-eager", "--no-such-engine-flag"]}'
     proc = make("deploy", f"ANSIBLE_ARGS=-e '{bad_args}'")
     FIGURES["failed release: deploy until back on the previous release (s)"] = round(proc.elapsed, 1)  # type: ignore[attr-defined]
@@ -422,7 +422,9 @@ def test_release_failing_its_health_gate_returns_the_node_to_the_previous_releas
     assert Path("/opt/glmdeploy/current").resolve().name == good
     failed = [p for p in Path("/opt/glmdeploy/releases").iterdir() if (p / "failed").exists()]
     assert len(failed) == 1 and "--no-such-engine-flag" in (failed[0] / "bin" / "vllm_server").read_text()
-    _still_serving(deployed, service_pids())
+    restarted = service_pids()
+    assert restarted["vllm_server"] not in (0, before["vllm_server"]), "the server was not restarted on the old release"
+    _generates(deployed)
 
 
 def test_kill_9_of_the_api_server_leaves_no_orphaned_engine(deployed):

@@ -166,7 +166,8 @@ def test_service_unit_scenario(hosts):
 
 def test_preflight_names_an_occupied_port_and_changes_nothing(hosts):
     on_host("preflight_port", "systemd-run --unit squatter python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null")
-    on_host("preflight_port", "sleep 1")
+    listening = "python3 -c \"import socket; socket.create_connection(('127.0.0.1', 8000), 1)\""
+    on_host("preflight_port", f"for _ in $(seq 100); do {listening} 2>/dev/null && break; sleep 0.1; done")
     result = playbook("preflight_port")
     assert result.returncode != 0
     assert "port 8000 is already in use by PID" in result.stdout and "fix:" in result.stdout
