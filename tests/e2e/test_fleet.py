@@ -301,6 +301,43 @@ def test_tensor_parallel_2_launcher_parses_on_vllm_043(fleet):
     assert out.stdout.split()[-2:] == ["2", "mp"], out.stdout
 
 
+# What the rehearsal exists to catch: the kit as it was before the two fixes that made the
+# production path start (drills: `make drills`, about 3 minutes each). Each deploys testhost3 alone
+# with the old behaviour back as a setting, and must fail its health gate and return to the release
+# it ran, serving.
+OLD_BEHAVIOUR = {
+    # The launcher passed a chat template file that only the fixture had; real weights have none.
+    "chat template file": (
+        ["--disable-log-requests", "--chat-template", "/opt/glmdeploy/current/model/chat_template.jinja"],
+        None,
+        "looks like a file path, but it failed to be opened",
+    ),
+    # The client sent return_token_ids to every server; 0.4.3 refuses unknown request fields.
+    "return_token_ids": (None, True, "extra_forbidden"),
+}
+
+
+@pytest.mark.drill
+@pytest.mark.parametrize("old", list(OLD_BEHAVIOUR))
+def test_rehearsal_fails_on_the_kits_old_behaviour(fleet, tmp_path, old):
+    extra_args, returns_ids, error = OLD_BEHAVIOUR[old]
+    settings: dict[str, object] = {}
+    if extra_args is not None:
+        settings["vllm_server_extra_args"] = extra_args
+    if returns_ids is not None:
+        settings["vllm_server_return_token_ids"] = returns_ids
+    args = tmp_path / "old.json"
+    args.write_text(json.dumps(settings))
+    before = on_host(GPU, "readlink -f /opt/glmdeploy/current").stdout.strip()
+    proc = make("deploy", f"INVENTORY={fleet['inventory']}", f"ANSIBLE_ARGS=--limit {GPU} -e @{args}", timeout=1500)
+    FIGURES.setdefault("rehearsal with the old behaviour: deploy until back (s)", {})[old] = round(proc.elapsed, 1)  # type: ignore[union-attr]
+    assert proc.returncode != 0, f"the rehearsal passed with the old {old} behaviour"
+    assert f"failed its health gate on {GPU}" in proc.stdout, proc.stdout[-3000:]
+    assert error in proc.stdout + journal(GPU), f"{error!r} is not what stopped the old {old} behaviour"
+    assert on_host(GPU, "readlink -f /opt/glmdeploy/current").stdout.strip() == before
+    assert node_generates(GPU)
+
+
 # The balancer runs on testhost1 (hostctl's inventory puts it in glmdeploy_lb); the nodes
 # listen on their bridge addresses, so the API requires the deployment's key.
 LB_API = f"http://{hostctl.host_ip('testhost1')}:9000/v1"
