@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"fix: restore the model files in {args.model_dir} from the pinned revision: `make fixture` "
             "for the cpu profile; for ChatGLM3-6B-32k copy the pinned revision's files and SHA256SUMS there "
-            "(README, 'Real weights')",
+            "(docs/howto/weights.md)",
             file=sys.stderr,
         )
         return 1
