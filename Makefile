@@ -164,11 +164,12 @@ verify: tools ## Smoke suite + fingerprint on every node of INVENTORY, then one 
 	  PYTHONPATH=service $(TOOLS)/bin/python -m glmdeploy.fleet --reports reports/smoke --root . \
 	  --models $(ARTIFACTS)/models --out reports || rc=$$?; exit $$rc
 
-lint: tools ## ansible-lint (production profile), yamllint, ruff, playbook syntax check, role README tables up to date
+lint: tools ## ansible-lint (production profile), yamllint, ruff, mypy --strict on service/, playbook syntax check, role README tables up to date
 	yamllint -s .
 	ansible-lint --profile production --strict playbooks roles tests/scenarios
 	ansible-playbook -i playbooks/localhost.ini --syntax-check playbooks/site.yml playbooks/undeploy.yml playbooks/smoke.yml playbooks/driver.yml playbooks/baseline.yml playbooks/lb.yml playbooks/rollout.yml playbooks/rollback.yml playbooks/releases.yml
 	ruff check service smoke_tests tests constraints roles plugins
+	$(TOOLS)/bin/mypy --config-file service/pyproject.toml service/glmdeploy
 	$(TOOLS)/bin/python tests/lint/role_docs.py --check
 	ruff format --check service smoke_tests tests constraints roles plugins
 

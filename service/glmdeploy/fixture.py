@@ -74,6 +74,7 @@ import tempfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from glmdeploy import chatglm3
 from glmdeploy.manifest import write_manifest
@@ -85,7 +86,7 @@ SOURCES = Path(__file__).resolve().parent / "fixture_files"
 REMOTE_CODE = ("configuration_chatglm.py", "tokenization_chatglm.py")
 
 #: ChatGLM3-6B-32k's config with the sizes shrunk; every field name is the real one.
-CONFIG: dict[str, object] = {
+CONFIG: dict[str, Any] = {
     "_name_or_path": "glmdeploy/chatglm3-fixture",
     "model_type": "chatglm",
     "architectures": ["ChatGLMModel"],
@@ -127,7 +128,7 @@ CONFIG: dict[str, object] = {
 }
 
 #: The real model's tokenizer_config.json keys, with the fixture's name.
-TOKENIZER_CONFIG: dict[str, object] = {
+TOKENIZER_CONFIG: dict[str, Any] = {
     "name_or_path": "glmdeploy/chatglm3-fixture",
     "remove_space": False,
     "do_lower_case": False,
@@ -238,7 +239,7 @@ def build_sentencepiece_model() -> bytes:
     norm.add_dummy_prefix = True
     norm.remove_extra_whitespaces = False
     norm.escape_whitespaces = True
-    return model.SerializeToString(deterministic=True)
+    return bytes(model.SerializeToString(deterministic=True))
 
 
 def check_sentencepiece_model(path: Path) -> None:
@@ -256,7 +257,7 @@ def check_sentencepiece_model(path: Path) -> None:
             raise RuntimeError(f"{path}: {text!r} does not round-trip")
 
 
-def build_weights() -> dict[str, object]:
+def build_weights() -> dict[str, Any]:
     """Random fp16 weights under the real checkpoint's parameter names, in its module order.
 
     The embedding carries a constant in dimension 0 that the output layer maps
@@ -274,7 +275,7 @@ def build_weights() -> dict[str, object]:
     heads, groups, kv = (int(CONFIG[k]) for k in ("num_attention_heads", "multi_query_group_num", "kv_channels"))
     vocab = chatglm3.PADDED_VOCAB_SIZE
 
-    def normal(shape: tuple[int, ...], std: float) -> object:
+    def normal(shape: tuple[int, ...], std: float) -> Any:
         return (rng.standard_normal(shape) * std).astype(np.float16)
 
     emb = normal((vocab, hidden), 0.5)
@@ -284,9 +285,9 @@ def build_weights() -> dict[str, object]:
     not_text = [*range(0, 3), *range(chatglm3.SPECIAL_TOKENS["[MASK]"], vocab)]
     out[not_text, 0] = -3.0
     half = kv // 2
-    base = 10000 * float(CONFIG["rope_ratio"])  # type: ignore[arg-type]
+    base = 10000 * float(CONFIG["rope_ratio"])
     inv_freq = 1.0 / base ** (np.arange(0, half, 2, dtype=np.float32) / half)
-    w: dict[str, object] = {
+    w: dict[str, Any] = {
         "transformer.embedding.word_embeddings.weight": emb,
         "transformer.rotary_pos_emb.inv_freq": inv_freq.astype(np.float16),
     }
@@ -310,12 +311,12 @@ def build_weights() -> dict[str, object]:
 MAX_SHARD_BYTES = 20 * 1024 * 1024
 
 
-def shard(weights: dict[str, object], max_bytes: int = MAX_SHARD_BYTES) -> list[dict[str, object]]:
+def shard(weights: dict[str, Any], max_bytes: int = MAX_SHARD_BYTES) -> list[dict[str, Any]]:
     """Split in order, a new shard when the next tensor would pass the limit (transformers' rule)."""
     shards: list[dict[str, object]] = [{}]
     size = 0
     for name, tensor in weights.items():
-        nbytes = int(tensor.nbytes)  # type: ignore[attr-defined]
+        nbytes = int(tensor.nbytes)
         if shards[-1] and size + nbytes > max_bytes:
             shards.append({})
             size = 0
@@ -331,7 +332,7 @@ FORMATS = {
 }
 
 
-def write_weights(work: Path, weights: dict[str, object], fmt: str) -> list[str]:
+def write_weights(work: Path, weights: dict[str, Any], fmt: str) -> list[str]:
     """Shard files plus the index (weight_map, metadata.total_size); returns the file names written."""
     pattern, index_name = FORMATS[fmt]
     shards = shard(weights)
@@ -341,12 +342,12 @@ def write_weights(work: Path, weights: dict[str, object], fmt: str) -> list[str]
         if fmt == "safetensors":
             from safetensors.numpy import save_file
 
-            save_file(part, str(work / name), metadata={"format": "pt"})  # type: ignore[arg-type]
+            save_file(part, str(work / name), metadata={"format": "pt"})
         else:
             (work / name).write_bytes(torch_zip(part, archive=name.removesuffix(".bin")))
         weight_map.update(dict.fromkeys(part, name))
         names.append(name)
-    total = sum(int(t.nbytes) for t in weights.values())  # type: ignore[attr-defined]
+    total = sum(int(t.nbytes) for t in weights.values())
     _dump(work / index_name, {"metadata": {"total_size": total}, "weight_map": weight_map})
     return [*names, index_name]
 

@@ -26,6 +26,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 STORES = ("envs", "models", "kits")
 LINKS = {"venv": "envs", "model": "models", "app": "kits"}
@@ -98,7 +99,7 @@ def mark(root: Path, release: str, state: str) -> bool:
     return changed
 
 
-def status(root: Path) -> dict[str, object]:
+def status(root: Path) -> dict[str, Any]:
     rows = []
     base = releases_dir(root)
     for path in sorted(base.iterdir()) if base.is_dir() else []:
@@ -138,7 +139,7 @@ def prune(root: Path, keep: int) -> list[str]:
     return removed
 
 
-def table(statuses: dict[str, dict[str, object]]) -> str:
+def table(statuses: dict[str, dict[str, Any]]) -> str:
     """One line per node: which release it runs and which it would roll back to."""
     lines = [f"{'node':<16} {'current':<44} {'previous':<44} releases kept"]
     for node, info in sorted(statuses.items()):

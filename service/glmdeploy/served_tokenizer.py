@@ -51,7 +51,7 @@ class ChatPrompt(str):
 
 def _messages(conversation: Any) -> list[Mapping[str, str]]:
     """OpenAI-style messages; content given as parts (`[{"type": "text", ...}]`) is joined."""
-    messages = []
+    messages: list[Mapping[str, str]] = []
     for message in conversation:
         content = message.get("content") or ""
         if not isinstance(content, str):
@@ -67,7 +67,7 @@ def served_class(base: type, vocab_file: str | None = None) -> type:
     does not pass a `vocab_file` named in tokenizer_config.json; 4.40.2 does).
     """
 
-    class GlmdeployServedTokenizer(base):  # type: ignore[misc, valid-type]
+    class GlmdeployServedTokenizer(base):  # type: ignore[misc]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             if not args and kwargs.get("vocab_file") is None and vocab_file is not None:
                 kwargs["vocab_file"] = vocab_file
