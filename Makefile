@@ -47,7 +47,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: test-packages hosts-prefetch rehearsal-model rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
+.PHONY: test-packages hosts-prefetch wheels-prefetch rehearsal-model rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -202,7 +202,16 @@ hosts-prefetch: tools test-packages ## Build the test hosts' Debian rootfs in th
 	@if [ "$$(id -u)" = 0 ]; then echo "==> building the test-host golden rootfs in the background (reports/golden.log)"; \
 	  mkdir -p reports; nohup $(HOSTCTL) golden > reports/golden.log 2>&1 & fi
 
-test: test-packages hosts-prefetch lint lock-check unit e2e ## Everything CI runs: system packages, lint, lock re-resolve check, unit tests, end-to-end deploy (incl. the gpu-cu121 rehearsal)
+# The wheelhouses the end-to-end tests deploy (cpu here and on the test hosts, gpu-cu121 on the
+# rehearsal host, 3.3 GB) download in the background while lint, lock check and unit tests run;
+# a deploy that needs one meanwhile waits for its download (constraints/lock.py holds a lock).
+wheels-prefetch: tools ## Download the cpu and gpu-cu121 wheelhouses in the background (make test starts it)
+	@echo "==> downloading the cpu and gpu-cu121 wheelhouses in the background (reports/wheels-prefetch.log)"
+	@mkdir -p reports; nohup sh -c 'for p in cpu gpu-cu121; do $(TOOLS)/bin/python constraints/lock.py wheelhouse \
+	  --profile $$p --python 3.11 --dest $(ARTIFACTS)/wheelhouse/$$p-py311 --cache "$(WHEEL_CACHE)"; done' \
+	  > reports/wheels-prefetch.log 2>&1 &
+
+test: test-packages hosts-prefetch wheels-prefetch lint lock-check unit e2e ## Everything CI runs: system packages, lint, lock re-resolve check, unit tests, end-to-end deploy (incl. the gpu-cu121 rehearsal)
 
 hosts: tools ## Create N (default 3) fresh systemd test hosts in network namespaces; writes their inventory
 	$(HOSTCTL) up $(N)

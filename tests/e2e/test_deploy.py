@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -228,7 +229,9 @@ def test_upgrade_drill_same_ids_pass_and_changed_tokenizer_is_named(deployed):
     """An upgrade that changes tokenization stops before the node is touched; one that keeps every id deploys.
 
     The changed revision must fail in preflight (the reference stack on the control node),
-    with the running services and their model files untouched. The node ends on the
+    with the running services and their model files untouched. The weights-only upgrade is
+    first interrupted right after its switch (Ctrl-C): the node keeps a complete release and
+    serves; the next deploy resumes it (restart, gate, promote). The node ends on the
     weights-only revision (served until undeploy); the control node's fixture is regenerated
     (it is deterministic), so later deploys see the original files.
     """
@@ -247,12 +250,41 @@ def test_upgrade_drill_same_ids_pass_and_changed_tokenizer_is_named(deployed):
         shutil.rmtree(FIXTURE)
         assert make("fixture").returncode == 0
         _stage_revision(NEW_WEIGHTS)
+        switched = _interrupt_at_the_switch(deployed)
         same_ids = make("deploy")
         assert same_ids.returncode == 0, "a weights-only upgrade (same tokenizer) failed to deploy"
+        current = Path("/opt/glmdeploy/current").resolve()
+        assert current == switched and (current / "promoted").is_file(), "the interrupted release was not resumed"
+        server = next(p for p in service_user_processes() if p["service"] == "vllm_server" and "api_server" in p["cmd"])
+        assert str((current / "model").resolve()) in server["cmd"], "the server runs another release's model"
         assert make("verify").returncode == 0, "make verify failed after an upgrade that keeps every id"
     finally:
         shutil.rmtree(FIXTURE, ignore_errors=True)
         assert make("fixture").returncode == 0
+
+
+def _interrupt_at_the_switch(deployed) -> Path:
+    """Start `make deploy`, send it Ctrl-C's signal the moment `current` moves; the release it switched to.
+
+    The node must keep a complete release (built beside, renamed in, switched by one rename)
+    and keep serving (the services still run the release before; the gate has not run)."""
+    current = Path("/opt/glmdeploy/current")
+    before = current.resolve().name
+    cmd = ["make", "-C", str(ROOT), "deploy"]
+    run = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 900
+    while current.resolve().name == before and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(run.pid, signal.SIGINT)  # what Ctrl-C in the terminal sends to the whole job
+    run.wait(timeout=300)
+    switched = current.resolve()
+    assert switched.name != before, "the deploy ended before its switch: nothing was interrupted there"
+    assert not (switched / "promoted").exists(), "the interrupt came after the release was promoted"
+    parts = ("release.json", "node.json", "bin/vllm_server", "bin/chat_ui", "venv/bin/python", "model/config.json")
+    assert all((switched / part).exists() for part in parts), "an interrupted switch left an incomplete release"
+    assert not list(Path("/opt/glmdeploy/releases").glob(".*.new")), "a half-built release was left behind"
+    _generates(deployed)
+    return switched
 
 
 def _still_serving(deployed, before):
@@ -312,23 +344,6 @@ def test_bad_input_is_refused_before_any_change_naming_the_setting_and_fix(deplo
     FIGURES.setdefault("bad input refused after (s)", {})[case] = round(proc.elapsed, 1)  # type: ignore[attr-defined,union-attr]
     _failed_with(proc, *needles, "fix:", "Nothing was changed")
     assert _node_state() == before, f"{case}: the node changed although the input was refused"
-
-
-def test_a_corrupted_deployed_model_file_is_named_then_repaired(deployed):
-    model = Path("/opt/glmdeploy/current/model").resolve()
-    victim = model / "model-00002-of-00002.safetensors"
-    before = _node_state()
-    with victim.open("r+b") as fh:
-        fh.seek(-16, 2)
-        fh.write(b"\xff" * 16)
-    proc = make("deploy")
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    said = re.sub(r"\s+", " ", proc.stdout)
-    assert f"model files on localhost differ from their manifest in {model}: {victim.name}." in said
-    assert "They are replaced from the control node now." in said
-    check = subprocess.run(["sha256sum", "--check", "--quiet", "SHA256SUMS"], cwd=model, check=False)
-    assert check.returncode == 0, "the corrupted file was not repaired"
-    assert _node_state() == before, "repairing a model file changed the release or restarted a service"
 
 
 def test_tampered_model_file_is_named_and_nothing_changes(deployed, tmp_path):
@@ -414,8 +429,22 @@ def test_release_failing_its_health_gate_returns_the_node_to_the_previous_releas
     switched in, crashes, and the node goes back to the release it ran, and serves again."""
     good = Path("/opt/glmdeploy/current").resolve().name
     before = service_pids()
+    # On the way, a byte flipped in the placed model this deploy uses (the control node's fixture,
+    # placed by an earlier release): named and repaired by the model role before the switch.
+    manifest = (FIXTURE / "SHA256SUMS").read_bytes()
+    placed = [m for m in Path("/opt/glmdeploy/models").iterdir() if (m / "SHA256SUMS").read_bytes() == manifest]
+    assert len(placed) == 1, f"expected the fixture placed once under /opt/glmdeploy/models: {placed}"
+    model = placed[0]
+    victim = model / "model-00002-of-00002.safetensors"
+    with victim.open("r+b") as fh:
+        fh.seek(-16, 2)
+        fh.write(b"\xff" * 16)
     bad_args = '{"vllm_server_extra_args": ["--enforce-eager", "--no-such-engine-flag"]}'
     proc = make("deploy", f"ANSIBLE_ARGS=-e '{bad_args}'")
+    said = re.sub(r"\s+", " ", proc.stdout)
+    assert f"model files on localhost differ from their manifest in {model}: {victim.name}." in said
+    assert "They are replaced from the control node now." in said
+    assert subprocess.run(["sha256sum", "--check", "--quiet", "SHA256SUMS"], cwd=model, check=False).returncode == 0
     FIGURES["failed release: deploy until back on the previous release (s)"] = round(proc.elapsed, 1)  # type: ignore[attr-defined]
     gate = "failed its health gate on localhost"
     _failed_with(proc, gate, "model server keeps failing to start: exited 2 times", f"back on release {good}")

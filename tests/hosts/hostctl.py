@@ -405,11 +405,14 @@ def down() -> None:
         log("no test hosts")
         return
     hosts = sorted(p for p in STATE.glob("testhost*") if p.is_dir())
+    start = time.monotonic()
     # Throwaway hosts: 3 s to power off, then every process left in each host's cgroups is
     # killed (killing nspawn alone leaves the host's systemd and services running, and a
     # graceful stop of vLLM can take 30 s).
     stop_pids([hdir / "pid" for hdir in hosts], timeout=3)
+    log(f"hosts powered off or signalled ({time.monotonic() - start:.1f}s)")
     kill_cgroups([hdir.name for hdir in hosts])
+    log(f"no process left in the hosts' cgroups ({time.monotonic() - start:.1f}s)")
     for hdir in hosts:
         name = hdir.name
         run("umount", "-l", str(hdir / "merged"), check=False)
@@ -423,8 +426,9 @@ def down() -> None:
         trash = STATE / f".trash-{name}-{time.time_ns()}"
         hdir.rename(trash)
         subprocess.Popen(["rm", "-rf", str(trash)], start_new_session=True)
-        log(f"{name} removed")
+        log(f"{name} removed ({time.monotonic() - start:.1f}s)")
     stop_pids([STATE / "aptproxy.pid"], timeout=5)
+    log(f"controller services stopped ({time.monotonic() - start:.1f}s)")
     run("ip", "link", "del", BRIDGE, check=False)
     for leftover in [*STATE.glob("inventory*.ini"), STATE / "hosts.json"]:
         leftover.unlink(missing_ok=True)
