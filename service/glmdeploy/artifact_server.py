@@ -39,6 +39,7 @@ URLS_VAR = "GLMDEPLOY_ARTIFACT_URLS"
 #: The only trees a node fetches over HTTP.
 SERVED = ("wheelhouse", "releases")
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
+NODES_GROUP = "glmdeploy_nodes"
 
 
 class ArtifactError(Exception):
@@ -55,8 +56,11 @@ class Handler(SimpleHTTPRequestHandler):
     log_file: Any = None
 
     def send_head(self) -> Any:  # the one hook for both GET and HEAD
-        top = self.path.lstrip("/").split("/", 1)[0].split("?", 1)[0]
-        if top not in SERVED:
+        # Judged on the path the base class would open (after %-decoding and `..`), never on the
+        # request text: /wheelhouse/../secrets/api_key must not reach the key.
+        root = Path(self.directory).resolve()
+        target = Path(self.translate_path(self.path)).resolve()
+        if not any(target == root / top or (root / top) in target.parents for top in SERVED):
             self.send_error(404, "not served")
             return None
         return super().send_head()
@@ -74,7 +78,7 @@ def inventory_nodes(inventory: str) -> dict[str, dict[str, Any]]:
         raise ArtifactError(f"cannot read the inventory {inventory}: {out.stderr.strip()[-500:]}")
     data = json.loads(out.stdout)
     hostvars: dict[str, dict[str, Any]] = data.get("_meta", {}).get("hostvars", {})
-    hosts = _hosts_of(data, "all")
+    hosts = _hosts_of(data, NODES_GROUP)  # the balancer fetches no artifacts
     return {h: hostvars.get(h, {}) for h in sorted(hosts)}
 
 
@@ -106,6 +110,23 @@ def source_address(name: str, address: str) -> str:
             "fix: the node's ansible_host, or this machine's network"
         )
     return match.group(1)
+
+
+def _sources(nodes: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Each node's route source address; a node whose address this machine cannot resolve here
+    (a templated ansible_host, an ssh_config alias) is left out and named: preflight then stops
+    it, since it has no artifact URL, before anything changes."""
+    sources = {}
+    for name, hostvars in nodes.items():
+        address = str(hostvars.get("ansible_host", name))
+        if "{{" in address:
+            print(f"==> node {name}: its ansible_host is a template ({address}); not served", flush=True)
+            continue
+        try:
+            sources[name] = source_address(name, address)
+        except ArtifactError as err:
+            print(f"==> {err}; not served", flush=True)
+    return sources
 
 
 def serve(root: Path, addresses: list[str], port: int, log_path: Path) -> tuple[list[ThreadingHTTPServer], int]:
@@ -143,7 +164,7 @@ def run(root: Path, inventory: str, port: int, command: list[str]) -> int:
     if nodes:
         if not root.is_dir():
             raise ArtifactError(f"{root} does not exist: nothing to serve; fix: run from the kit's checkout")
-        sources = {name: source_address(name, str(hv.get("ansible_host", name))) for name, hv in nodes.items()}
+        sources = _sources(nodes)
         servers, port = serve(root, sorted(set(sources.values())), port, Path("reports") / "artifact-server.log")
         urls = {name: _url(address, port) for name, address in sources.items()}
         env[URLS_VAR] = json.dumps(urls, sort_keys=True)
@@ -155,7 +176,8 @@ def run(root: Path, inventory: str, port: int, command: list[str]) -> int:
     signal.signal(signal.SIGINT, lambda _signum, _frame: None)
     signal.signal(signal.SIGTERM, lambda signum, _frame: child.send_signal(signum))
     try:
-        return child.wait()
+        code = child.wait()
+        return 128 - code if code < 0 else code  # a command killed by signal N: 128 + N, as a shell says
     finally:
         for server in servers:
             server.shutdown()

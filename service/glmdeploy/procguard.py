@@ -102,24 +102,71 @@ def _signal_all(pids: list[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
-def stop(service: str, run: str | None = None, exclude_run: str | None = None, grace_s: float = GRACE_S) -> list[int]:
-    """SIGTERM the selected processes, SIGKILL what is left after grace_s; return who was found."""
-    found = list(processes(service, run, exclude_run))
+def descendants(pid: int) -> list[int]:
+    """Every live process below pid (/proc/<pid>/task/*/children, recursively)."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                children = [int(c) for c in (task / "children").read_text().split()]
+                found.extend(children)
+                todo.extend(children)
+    return [p for p in dict.fromkeys(found) if _alive(p)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _selected(service: str, run: str | None, exclude_run: str | None, below: int | None) -> list[int]:
+    pids = list(processes(service, run, exclude_run))
+    if below is not None:
+        pids += [p for p in descendants(below) if p not in pids]
+    return pids
+
+
+def stop(
+    service: str,
+    run: str | None = None,
+    exclude_run: str | None = None,
+    grace_s: float = GRACE_S,
+    below: int | None = None,
+) -> list[int]:
+    """SIGTERM the selected processes (by mark, and every process below `below`), SIGKILL what is
+    left after grace_s; return who was found. A process that outlives SIGKILL (stuck in the
+    kernel, as on a wedged GPU driver) is named after another grace_s, not waited for forever."""
+    found = _selected(service, run, exclude_run, below)
     if not found:
         return []
     _signal_all(found, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         _reap()
-        left = list(processes(service, run, exclude_run))
-        if not left:
+        if not _selected(service, run, exclude_run, below):
             return found
         time.sleep(0.1)
-    _signal_all(list(processes(service, run, exclude_run)), signal.SIGKILL)
-    while list(processes(service, run, exclude_run)):
+    _signal_all(_selected(service, run, exclude_run, below), signal.SIGKILL)
+    deadline = time.monotonic() + grace_s
+    while (left := _selected(service, run, exclude_run, below)) and time.monotonic() < deadline:
         _reap()
         time.sleep(0.05)
+    if left:
+        states = {p: _state(p) for p in left}
+        log(f"processes of {service} still there after SIGKILL (pid: state): {states}")
     return found
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
 
 
 def stop_leftovers(service: str, run: str) -> None:
@@ -133,24 +180,43 @@ def stop_leftovers(service: str, run: str) -> None:
 
 
 def _start(argv: list[str], env: dict[str, str]) -> int:
+    guard = os.getpid()
     pid = os.fork()
     if pid == 0:  # the server: dies with the guard, whatever kills the guard
         try:
             _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != guard:  # the guard died before the flag was set
+                os._exit(1)
             os.execvpe(argv[0], argv, env)
+        except OSError as err:
+            log(f"cannot start {argv[0]}: {err}")
         finally:
             os._exit(127)
     return pid
 
 
 def _exit_code(status: int) -> int:
-    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+    """The server's exit status; a server killed by signal N gives -N (the guard then dies of it too)."""
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
+
+
+def exit_like(code: int) -> int:
+    """Exit as the server did: killed by a signal, the guard re-raises it, so systemd and
+    supervisord see the same end (a SIGTERM on stop is a clean stop, not exit status 143)."""
+    if code < 0:
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to reset
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        return 128 - code  # not reached for signals that end a process
+    return code
 
 
 def run(service: str, argv: list[str]) -> int:
     """Start argv as the service, wait for it, then stop everything it left; its exit status."""
     run_id = f"{os.getpid()}-{time.time_ns()}"
-    env = dict(os.environ, **{SERVICE_VAR: service, RUN_VAR: run_id})
+    # SPT_NOENV: vLLM names its processes with setproctitle, which otherwise overwrites the start
+    # of /proc/<pid>/environ, marks included.
+    env = dict(os.environ, **{SERVICE_VAR: service, RUN_VAR: run_id, "SPT_NOENV": "1"})
     stop_leftovers(service, run_id)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     child = _start(argv, env)
@@ -160,10 +226,15 @@ def run(service: str, argv: list[str]) -> int:
         pid, status = os.waitpid(-1, 0)
         if pid == child:
             break
+    for sig in FORWARDED:  # the child's pid may be reused from here on
+        signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
     code = _exit_code(status)
-    left = stop(service, run=run_id)
+    # Marked processes, and any process still below the guard (orphans reparent to it as their
+    # subreaper, whatever their environment says).
+    left = stop(service, run=run_id, below=os.getpid())
     if left:
-        log(f"{service} exited ({code}); stopped {len(left)} process(es) it left behind: {left}")
+        how = f"exit status {code}" if code >= 0 else f"signal {-code}"
+        log(f"{service} ended ({how}); stopped {len(left)} process(es) it left behind: {left}")
     return code
 
 
@@ -179,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("a command is required after --")
-    return run(args.service, command)
+    return exit_like(run(args.service, command))
 
 
 if __name__ == "__main__":

@@ -65,24 +65,43 @@ def release_path(root: Path, release: str) -> Path:
 
 def switch(root: Path, to: str, previous: str | None = None) -> dict[str, object]:
     """Make `to` current; `previous` becomes the release that was current (or the one given;
-    `none`: no previous release, as on a node that had one release before a failed one)."""
-    if to == "previous":
+    `none`: no previous release, as on a node that had one release before a failed one).
+
+    Two renames, ordered so that an interruption between them loses the least: going forward,
+    `previous` is written first (stopped there, `current` still names the serving release);
+    going back to `previous` (a rollback), `current` first (stopped there, the node is on the
+    release it was sent to)."""
+    rollback = to == "previous"
+    if rollback:
         to = link_target(root / "previous") or ""
         if not to:
             raise ReleaseError("this node has no previous release to return to")
     release_path(root, to)
     before = link_target(root / "current")
     new_previous = previous if previous is not None else (before if before != to else link_target(root / "previous"))
+    if new_previous not in (None, "none") and new_previous != to:
+        release_path(root, new_previous)
+    if rollback:
+        _move_current(root, before, to)
+        new_previous = _move_previous(root, new_previous, to)
+    else:
+        new_previous = _move_previous(root, new_previous, to)
+        _move_current(root, before, to)
+    return {"changed": before != to, "from": before, "to": to, "previous": new_previous}
+
+
+def _move_current(root: Path, before: str | None, to: str) -> None:
     if before != to:
         replace_link(root / "current", f"releases/{to}")
+
+
+def _move_previous(root: Path, new_previous: str | None, to: str) -> str | None:
     if new_previous == "none":
         (root / "previous").unlink(missing_ok=True)
-        new_previous = None
-    elif new_previous and new_previous != to:
-        release_path(root, new_previous)
-        if link_target(root / "previous") != new_previous:
-            replace_link(root / "previous", f"releases/{new_previous}")
-    return {"changed": before != to, "from": before, "to": to, "previous": new_previous}
+        return None
+    if new_previous and new_previous != to and link_target(root / "previous") != new_previous:
+        replace_link(root / "previous", f"releases/{new_previous}")
+    return new_previous
 
 
 def mark(root: Path, release: str, state: str) -> bool:

@@ -51,7 +51,12 @@ def acquire(inventory: str, command: list[str], wait_s: float) -> IO[str]:
     """The open, locked file (keep it open to hold the lock); Busy after wait_s seconds."""
     path = lock_path(inventory)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle = path.open("a+")
+    try:
+        handle = path.open("a+")
+    except PermissionError as err:
+        raise Busy(
+            f"its lock file {path} belongs to another user ({err.strerror}); fix: run as that user, or remove the file"
+        ) from err
     deadline = time.monotonic() + wait_s
     announced = False
     while True:
@@ -103,13 +108,16 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 75  # EX_TEMPFAIL
-    child = subprocess.Popen(command)
+    # The command holds the lock too (an inherited descriptor): if this process is killed, the
+    # lock stays until the command itself ends.
+    child = subprocess.Popen(command, pass_fds=(handle.fileno(),))
     # Ctrl-C reaches the command from the terminal itself (one process group); SIGTERM sent to
     # this process alone is passed on.
     signal.signal(signal.SIGINT, lambda _signum, _frame: None)
     signal.signal(signal.SIGTERM, lambda signum, _frame: child.send_signal(signum))
     try:
-        return child.wait()
+        code = child.wait()
+        return 128 - code if code < 0 else code  # a command killed by signal N: 128 + N, as a shell says
     finally:
         handle.close()
 

@@ -486,7 +486,8 @@ def test_killed_vllm_is_restarted_while_the_balancer_routes_around_it(fleet):
     """
     assert "default" not in on_host("testhost2", "ip route show default").stdout
     with Load(KEY_FILE.read_text().strip()) as load:
-        killed = on_host("testhost2", "kill -9 $(systemctl show -p MainPID --value glmdeploy-vllm_server)")
+        # The API server: the child of the unit's main process (glmdeploy.procguard).
+        killed = on_host("testhost2", "kill -9 $(pgrep -P $(systemctl show -p MainPID --value glmdeploy-vllm_server))")
         assert killed.returncode == 0, killed.stderr
         start = time.monotonic()
         ready = node_generates("testhost2")

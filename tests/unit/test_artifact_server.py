@@ -20,7 +20,8 @@ PROBE = textwrap.dedent(
     url = json.loads(os.environ["GLMDEPLOY_ARTIFACT_URLS"])["node1"]
     codes = {}
     wheel = "/wheelhouse/cpu-py311/a-1.0-py3-none-any.whl"
-    for path in ("/wheelhouse/cpu-py311/", wheel, "/secrets/api_key", "/models/"):
+    sneaky = ("/wheelhouse/../secrets/api_key", "/wheelhouse/%2e%2e/secrets/api_key", "/releases/..%2fsecrets/api_key")
+    for path in ("/wheelhouse/cpu-py311/", wheel, "/secrets/api_key", "/models/", *sneaky):
         try:
             with urllib.request.urlopen(url + path, timeout=10) as resp:
                 codes[path] = [resp.status, resp.read().decode()[:2000]]
@@ -63,6 +64,8 @@ def test_remote_node_gets_wheelhouse_but_never_secrets_or_models(tmp_path, artif
     assert codes["/wheelhouse/cpu-py311/"][0] == 200 and "a-1.0-py3-none-any.whl" in codes["/wheelhouse/cpu-py311/"][1]
     assert codes["/wheelhouse/cpu-py311/a-1.0-py3-none-any.whl"] == [200, "wheel"]
     assert codes["/secrets/api_key"][0] == 404 and codes["/models/"][0] == 404
+    escapes = {path: code for path, (code, _) in codes.items() if "secrets" in path and code != 404}
+    assert not escapes, f"the key was reachable through {escapes}"
     assert "artifact server stopped" in out
 
 

@@ -61,9 +61,9 @@ def name() -> str:
 def test_kill_9_of_the_server_stops_the_processes_it_started(tmp_path, name):
     proc, server, helper = started(tmp_path, name)
     os.kill(server, signal.SIGKILL)
-    assert proc.wait(timeout=30) == 128 + signal.SIGKILL
+    assert proc.wait(timeout=30) == -signal.SIGKILL, "the guard does not end the way its server did"
     assert not alive(helper), "the server's helper outlived it"
-    assert f"stopped 1 process(es) it left behind: [{helper}]" in proc.stderr.read()
+    assert f"ended (signal 9); stopped 1 process(es) it left behind: [{helper}]" in proc.stderr.read()
 
 
 def test_kill_9_of_the_guard_takes_the_server_with_it(tmp_path, name):
@@ -106,3 +106,21 @@ def test_other_services_are_left_alone(tmp_path, name):
     os.kill(proc.pid, signal.SIGTERM)
     proc.wait(timeout=30)
     assert not alive(helper)
+
+
+def test_a_helper_that_drops_the_marks_is_still_stopped(tmp_path, name):
+    """setproctitle can overwrite a process's environment, marks included: orphans are stopped
+    because they are below the guard (its subreaper), not only because of their marks."""
+    pids = tmp_path / "pids"
+    server = (
+        "import os, subprocess, sys, time\n"
+        "helper = subprocess.Popen(['sleep', '300'], env={}, start_new_session=True)\n"
+        "open(sys.argv[1], 'w').write(f'{os.getpid()} {helper.pid}')\n"
+        "time.sleep(300)\n"
+    )
+    proc = guard(name, sys.executable, "-c", server, str(pids))
+    assert wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 2), "the server did not start"
+    server_pid, helper = map(int, pids.read_text().split())
+    os.kill(server_pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert not alive(helper), "an unmarked orphan of the server outlived it"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -17,7 +18,9 @@ SERVICE = Path(__file__).resolve().parents[2] / "service"
 def locked(tmp_path: Path, inventory: Path, *command: str, wait: float = 0) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=str(SERVICE), GLMDEPLOY_LOCK_DIR=str(tmp_path / "locks"))
     argv = [sys.executable, "-m", "glmdeploy.runlock", "--inventory", str(inventory), "--wait", str(wait), "--"]
-    return subprocess.Popen([*argv, *command], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [*argv, *command], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
 
 
 @pytest.fixture
@@ -29,7 +32,7 @@ def inventory(tmp_path: Path) -> Path:
 
 def first_run(tmp_path: Path, inventory: Path) -> tuple[subprocess.Popen[str], Path]:
     started = tmp_path / "started"
-    proc = locked(tmp_path, inventory, "sh", "-c", f"touch {started}; sleep 60")
+    proc = locked(tmp_path, inventory, "sh", "-c", f"touch {started}; exec sleep 60")
     deadline = time.monotonic() + 20
     while not started.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -49,12 +52,24 @@ def test_second_run_on_the_same_inventory_stops_naming_the_first(tmp_path, inven
         first.wait()
 
 
-def test_a_killed_holder_leaves_no_stale_lock(tmp_path, inventory):
+def test_a_killed_run_leaves_no_stale_lock(tmp_path, inventory):
     first, _ = first_run(tmp_path, inventory)
-    os.kill(first.pid, signal.SIGKILL)
+    os.killpg(first.pid, signal.SIGKILL)  # the whole run, as a killed terminal or CI job does
     first.wait()
     second = locked(tmp_path, inventory, "true")
     assert second.wait(timeout=30) == 0
+
+
+def test_the_command_keeps_the_lock_when_the_wrapper_is_killed(tmp_path, inventory):
+    first, _ = first_run(tmp_path, inventory)
+    try:
+        os.kill(first.pid, signal.SIGKILL)  # the wrapper alone: its command (the deploy) runs on
+        first.wait()
+        second = locked(tmp_path, inventory, "true")
+        assert second.wait(timeout=30) == 75, "a second run started while the first one's command still ran"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
 
 
 def test_a_waiting_run_starts_when_the_first_ends(tmp_path, inventory):
