@@ -425,7 +425,10 @@ def down() -> None:
         # The overlay's upper dir holds GBs of small files: move it aside and delete it in the background.
         trash = STATE / f".trash-{name}-{time.time_ns()}"
         hdir.rename(trash)
-        subprocess.Popen(["rm", "-rf", str(trash)], start_new_session=True)
+        # Not holding the caller's output pipes: `make hosts-down` returns without waiting for the rm.
+        subprocess.Popen(
+            ["rm", "-rf", str(trash)], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         log(f"{name} removed ({time.monotonic() - start:.1f}s)")
     stop_pids([STATE / "aptproxy.pid"], timeout=5)
     log(f"controller services stopped ({time.monotonic() - start:.1f}s)")
