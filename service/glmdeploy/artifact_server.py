@@ -20,13 +20,11 @@ Usage: ``python -m glmdeploy.artifact_server --root artifacts --inventory INV --
 
 from __future__ import annotations
 
-import argparse
 import functools
 import ipaddress
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -34,6 +32,8 @@ import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from glmdeploy.wrapped import command_of, run_child, wrapper_parser
 
 URLS_VAR = "GLMDEPLOY_ARTIFACT_URLS"
 #: The only trees a node fetches over HTTP.
@@ -170,14 +170,8 @@ def run(root: Path, inventory: str, port: int, command: list[str]) -> int:
         env[URLS_VAR] = json.dumps(urls, sort_keys=True)
         where = ", ".join(sorted({_url(a, port) for a in sources.values()}))
         log(f"serving {root}/wheelhouse and {root}/releases to {len(urls)} node(s) at {where} for this run")
-    child = subprocess.Popen(command, env=env)
-    # Ctrl-C reaches the command from the terminal itself (one process group); SIGTERM sent to
-    # this process alone is passed on.
-    signal.signal(signal.SIGINT, lambda _signum, _frame: None)
-    signal.signal(signal.SIGTERM, lambda signum, _frame: child.send_signal(signum))
     try:
-        code = child.wait()
-        return 128 - code if code < 0 else code  # a command killed by signal N: 128 + N, as a shell says
+        return run_child(command, env=env)
     finally:
         for server in servers:
             server.shutdown()
@@ -187,19 +181,15 @@ def run(root: Path, inventory: str, port: int, command: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m glmdeploy.artifact_server",
-        description="Run COMMAND while the nodes of INVENTORY can fetch ROOT's wheelhouse/ and releases/ "
+    parser = wrapper_parser(
+        "python -m glmdeploy.artifact_server",
+        "Run COMMAND while the nodes of INVENTORY can fetch ROOT's wheelhouse/ and releases/ "
         "over HTTP from this machine; the server stops when COMMAND ends.",
     )
     parser.add_argument("--root", type=Path, default=Path("artifacts"), help="artifacts directory (default artifacts)")
-    parser.add_argument("--inventory", required=True, help="the Ansible inventory of the run")
     parser.add_argument("--port", type=int, default=0, help="TCP port (default 0: a free one)")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG...]")
     args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        parser.error("a command is required after --")
+    command = command_of(parser, args)
     try:
         return run(args.root.resolve(), args.inventory, args.port, command)
     except ArtifactError as err:

@@ -11,17 +11,16 @@ Usage: ``python -m glmdeploy.runlock --inventory INV [--wait SECONDS] -- COMMAND
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import hashlib
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import IO
+
+from glmdeploy.wrapped import command_of, run_child, wrapper_parser
 
 LOCK_DIR = Path(os.environ.get("GLMDEPLOY_LOCK_DIR", "/run/lock" if os.access("/run/lock", os.W_OK) else "/tmp"))
 
@@ -86,18 +85,14 @@ def acquire(inventory: str, command: list[str], wait_s: float) -> IO[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m glmdeploy.runlock",
-        description="Run COMMAND holding this control node's lock for INVENTORY: one deploy, rollout or "
+    parser = wrapper_parser(
+        "python -m glmdeploy.runlock",
+        "Run COMMAND holding this control node's lock for INVENTORY: one deploy, rollout or "
         "rollback per inventory at a time.",
     )
-    parser.add_argument("--inventory", required=True, help="the Ansible inventory of the run")
     parser.add_argument("--wait", type=float, default=0, help="seconds to wait for another run (default 0: stop)")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG...]")
     args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        parser.error("a command is required after --")
+    command = command_of(parser, args)
     try:
         handle = acquire(args.inventory, command, args.wait)
     except Busy as holder:
@@ -110,14 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         return 75  # EX_TEMPFAIL
     # The command holds the lock too (an inherited descriptor): if this process is killed, the
     # lock stays until the command itself ends.
-    child = subprocess.Popen(command, pass_fds=(handle.fileno(),))
-    # Ctrl-C reaches the command from the terminal itself (one process group); SIGTERM sent to
-    # this process alone is passed on.
-    signal.signal(signal.SIGINT, lambda _signum, _frame: None)
-    signal.signal(signal.SIGTERM, lambda signum, _frame: child.send_signal(signum))
     try:
-        code = child.wait()
-        return 128 - code if code < 0 else code  # a command killed by signal N: 128 + N, as a shell says
+        return run_child(command, pass_fds=(handle.fileno(),))
     finally:
         handle.close()
 
