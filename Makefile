@@ -36,7 +36,7 @@ BENCH_ARGS ?=
 # make deploy / rollout serve artifacts/ (wheelhouse, environment packs) to the inventory's other
 # machines for the length of the run, on the address each node is routed to (0: a free port).
 ARTIFACT_PORT ?= 0
-# One deploy, rollout or rollback per inventory at a time on this control node (LOCK_WAIT: seconds a
+# One deploy, rollout, rollback, undeploy, driver or balancer change per inventory at a time on this control node (LOCK_WAIT: seconds a
 # second run waits for the first before it stops, naming it).
 LOCK_WAIT ?= 0
 RUN_LOCKED = PYTHONPATH=service $(TOOLS)/bin/python -m glmdeploy.runlock --inventory $(INVENTORY) --wait $(LOCK_WAIT) --
@@ -112,15 +112,15 @@ undeploy: tools ## Stop the services and remove the deployment (keeps artifacts/
 	$(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/undeploy.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 
 lb: tools ## Configure the load balancer (INVENTORY's glmdeploy_lb group) in front of the nodes
-	ansible-playbook -i $(INVENTORY) playbooks/lb.yml $(ANSIBLE_ARGS)
+	$(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/lb.yml $(ANSIBLE_ARGS)
 
 drain: tools ## Take HOST out of the load balancer (in-flight requests finish; it stays drained until undrain)
 	@test -n "$(HOST)" || { echo "error: HOST=<inventory name of a node> is required"; exit 2; }
-	ansible-playbook -i $(INVENTORY) playbooks/lb.yml -e '{"load_balancer_drain": ["$(HOST)"]}' $(ANSIBLE_ARGS)
+	$(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/lb.yml -e '{"load_balancer_drain": ["$(HOST)"]}' $(ANSIBLE_ARGS)
 
 undrain: tools ## Put HOST back behind the load balancer
 	@test -n "$(HOST)" || { echo "error: HOST=<inventory name of a node> is required"; exit 2; }
-	ansible-playbook -i $(INVENTORY) playbooks/lb.yml -e '{"load_balancer_undrain": ["$(HOST)"]}' $(ANSIBLE_ARGS)
+	$(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/lb.yml -e '{"load_balancer_undrain": ["$(HOST)"]}' $(ANSIBLE_ARGS)
 
 rollout: tools $(REFENV)/.stamp fixture ## Upgrade the fleet one node at a time out of the balancer (ROLLOUT_SERIAL=1, ROLLOUT_MAX_FAIL=0); a failing node returns to its previous release
 	@rc=0; $(SERVE_ARTIFACTS) ansible-playbook -i $(INVENTORY) playbooks/rollout.yml $(FORCE_PROFILE) \
@@ -141,10 +141,10 @@ releases-table: ## Print the table of releases per node from reports/releases/ (
 	@PYTHONPATH=service $(TOOLS)/bin/python -m glmdeploy.release table reports/releases/*.json
 
 driver: tools ## Install the pinned NVIDIA driver on INVENTORY's nodes (held; reboots a node only when the driver changed)
-	ansible-playbook -i $(INVENTORY) playbooks/driver.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
+	$(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/driver.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 
 driver-upgrade: tools ## The driver's upgrade path: unhold, install what nvidia_driver_branch/_version select now, re-hold, reboot
-	ansible-playbook -i $(INVENTORY) playbooks/driver.yml $(FORCE_PROFILE) -e nvidia_driver_upgrade=true $(ANSIBLE_ARGS)
+	$(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/driver.yml $(FORCE_PROFILE) -e nvidia_driver_upgrade=true $(ANSIBLE_ARGS)
 
 smoke: tools ## Run the smoke suite on every node of INVENTORY; reports land in reports/smoke/
 	ansible-playbook -i $(INVENTORY) playbooks/smoke.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
