@@ -141,13 +141,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     node = NodeConfig.load(args.config)
     client = ApiClient.for_node(node)
+    watch = LogWatch(args.log, args.unit) if args.log or args.unit else None
     try:
-        waited = wait_for_health(client, args.timeout, LogWatch(args.log, args.unit) if args.log or args.unit else None)
+        waited = wait_for_health(client, args.timeout, watch)
         builder = PromptBuilder.from_tokenizer(load_tokenizer(node.model_dir, node.trust_remote_code))
         report = check_generation(client, builder)
     except (TimeoutError, RuntimeError, ServerUnavailable, ServerError) as exc:
         print(f"NOT READY: {exc}", file=sys.stderr)
-        print("fix: read the server log (/var/log/glmdeploy/vllm_server.log) for the cause", file=sys.stderr)
+        # Where this node keeps the server's output: the journal under systemd, a file under supervisord.
+        where = watch.where() if watch is not None else node.service_log_file or "the server's log"
+        print(f"fix: read the server's output ({where}) for the cause", file=sys.stderr)
         return 1
     report["health_after_s"] = round(waited, 1)
     print(json.dumps(report, ensure_ascii=False))
