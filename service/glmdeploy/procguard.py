@@ -117,11 +117,7 @@ def descendants(pid: int) -> list[int]:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+    return _state(pid) not in ("Z", "gone")
 
 
 def _selected(service: str, run: str | None, exclude_run: str | None, below: int | None) -> list[int]:
