@@ -39,6 +39,8 @@ ARTIFACT_PORT ?= 0
 # One deploy, rollout, rollback, undeploy, driver or balancer change per inventory at a time on this control node (LOCK_WAIT: seconds a
 # second run waits for the first before it stops, naming it).
 LOCK_WAIT ?= 0
+# ... and the same wait for each node's own lock (the playbooks read it: glmdeploy_node_lock_wait).
+export GLMDEPLOY_LOCK_WAIT := $(LOCK_WAIT)
 RUN_LOCKED = PYTHONPATH=service $(TOOLS)/bin/python -m glmdeploy.runlock --inventory $(INVENTORY) --wait $(LOCK_WAIT) --
 SERVE_ARTIFACTS = $(RUN_LOCKED) $(TOOLS)/bin/python -m glmdeploy.artifact_server \
   --root $(ARTIFACTS) --inventory $(INVENTORY) --port $(ARTIFACT_PORT) --
@@ -168,10 +170,10 @@ lint: tools ## ansible-lint (production profile), yamllint, ruff, mypy --strict 
 	yamllint -s .
 	ansible-lint --profile production --strict playbooks roles tests/scenarios
 	ansible-playbook -i playbooks/localhost.ini --syntax-check playbooks/site.yml playbooks/undeploy.yml playbooks/smoke.yml playbooks/driver.yml playbooks/baseline.yml playbooks/lb.yml playbooks/rollout.yml playbooks/rollback.yml playbooks/releases.yml
-	ruff check service smoke_tests tests constraints roles plugins
+	ruff check service smoke_tests tests constraints roles plugins library
 	$(TOOLS)/bin/mypy --config-file service/pyproject.toml service/glmdeploy
 	$(TOOLS)/bin/python tests/lint/role_docs.py --check
-	ruff format --check service smoke_tests tests constraints roles plugins
+	ruff format --check service smoke_tests tests constraints roles plugins library
 
 unit: tools $(REFENV)/.stamp fixture ## Unit tests of service/ and the lock tooling
 	PYTHONPATH=service $(REFENV)/bin/python -m pytest -q -rs -p no:cacheprovider tests/unit $(PYTEST_ARGS)

@@ -27,6 +27,7 @@ from glmdeploy import runlock
 
 FIXTURE = ROOT / "artifacts" / "models" / "chatglm3-fixture"
 WHEELHOUSE = ROOT / "artifacts" / "wheelhouse" / "cpu-py311"
+NODE_LOCK = Path("/var/lib/glmdeploy/deploy.lock")
 CHAT_PROMPT_IDS = [64790, 64792, 64795, 259, 13, 259, 1028, 3617, 64796]  # fixture ids of a "你好" turn
 
 
@@ -46,7 +47,7 @@ def _lock_held(path: Path) -> bool:
     )
 
 
-def test_second_deploy_changes_nothing_and_a_concurrent_one_is_refused(deployed):
+def test_second_deploy_changes_nothing_and_concurrent_ones_are_refused(deployed, tmp_path):
     before = service_pids()
     runs: dict[str, subprocess.CompletedProcess[str]] = {}
     first = threading.Thread(target=lambda: runs.update(again=make("deploy")))
@@ -57,12 +58,27 @@ def test_second_deploy_changes_nothing_and_a_concurrent_one_is_refused(deployed)
         time.sleep(0.2)
     assert _lock_held(lock), "the first deploy never held the inventory's lock"
     concurrent = make("deploy")
+    # Another inventory naming the same node (a second control node, a colleague's copy): the
+    # control node's lock does not see it; the node's own lock does.
+    other = tmp_path / "colleague.ini"
+    shutil.copy(ROOT / "playbooks" / "localhost.ini", other)
+    while not NODE_LOCK.exists() and first.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert NODE_LOCK.exists(), "the first deploy never took the node's lock"
+    colleague = make("deploy", f"INVENTORY={other}")
     first.join()
     again = runs["again"]
     assert concurrent.returncode != 0 and "another run is using the inventory" in concurrent.stderr
     assert re.search(
         r"PID \d+, started .*ansible-playbook -i playbooks/localhost.ini playbooks/site.yml", concurrent.stderr
     )
+    assert colleague.returncode != 0, "a deploy from another inventory ran while the node was being deployed"
+    assert re.search(
+        r"another run holds this node's deploy lock \(/var/lib/glmdeploy/deploy.lock\): PID \d+ on control node"
+        r" .*ansible-playbook -i playbooks/localhost.ini playbooks/site.yml",
+        colleague.stdout,
+    ), colleague.stdout[-3000:]
+    assert not NODE_LOCK.exists(), "the deploy left the node's lock behind"
     assert again.returncode == 0
     recap = re.search(r"localhost\s*:\s*ok=\d+\s+changed=(\d+)", again.stdout)
     assert recap and recap.group(1) == "0", f"second deploy changed something: {recap and recap.group(0)}"
@@ -252,8 +268,11 @@ def test_upgrade_drill_same_ids_pass_and_changed_tokenizer_is_named(deployed):
         assert make("fixture").returncode == 0
         _stage_revision(NEW_WEIGHTS)
         switched = _interrupt_at_the_switch(deployed)
+        assert NODE_LOCK.exists(), "the interrupted run left no lock: did it hold one?"
         same_ids = make("deploy")
         assert same_ids.returncode == 0, "a weights-only upgrade (same tokenizer) failed to deploy"
+        # The interrupted run could not release its lock; the next one sees its process is gone.
+        assert "taking over the deploy lock of a run that is gone" in same_ids.stdout + same_ids.stderr
         current = Path("/opt/glmdeploy/current").resolve()
         assert current == switched and (current / "promoted").is_file(), "the interrupted release was not resumed"
         server = next(p for p in service_user_processes() if p["service"] == "vllm_server" and "api_server" in p["cmd"])
@@ -326,6 +345,15 @@ BAD_INPUT = {
     "port out of range": ("chat_ui_port=70000", ["chat_ui_port=70000", "a TCP port is a number from 1 to 65535"]),
     "two services on one port": ("chat_ui_port=8000", ["two services on one port", "chat_ui_port"]),
     "zero context length": ("vllm_server_max_model_len=0", ["vllm_server_max_model_len=0", "above 0"]),
+    "listen address the node lacks": (
+        "vllm_server_host=198.51.100.7",
+        ["vllm_server_host=198.51.100.7", "the node has no such address"],
+    ),
+    "not enough disk": ("preflight_disk_headroom_mib=1000000000", ["not enough disk space on localhost", "GiB free"]),
+    "unsupported operating system": (
+        """'{"preflight_supported_os": {"Debian": ["11"]}}'""",
+        ["runs Debian 12", "the kit supports Debian 11"],
+    ),
     "mistyped setting": (
         "vllm_server_prot=8010",
         ["unknown setting(s) for localhost: vllm_server_prot (did you mean vllm_server_port?)"],
