@@ -63,14 +63,14 @@ def release_path(root: Path, release: str) -> Path:
     return path
 
 
-def switch(root: Path, to: str, previous: str | None = None) -> dict[str, object]:
+def switch(root: Path, to: str, previous: str | None = None, dry_run: bool = False) -> dict[str, object]:
     """Make `to` current; `previous` becomes the release that was current (or the one given;
     `none`: no previous release, as on a node that had one release before a failed one).
 
     Two renames, ordered so that an interruption between them loses the least: going forward,
     `previous` is written first (stopped there, `current` still names the serving release);
     going back to `previous` (a rollback), `current` first (stopped there, the node is on the
-    release it was sent to)."""
+    release it was sent to). ``dry_run``: the same answer, nothing renamed (Ansible's check mode)."""
     rollback = to == "previous"
     if rollback:
         to = link_target(root / "previous") or ""
@@ -81,13 +81,17 @@ def switch(root: Path, to: str, previous: str | None = None) -> dict[str, object
     new_previous = previous if previous is not None else (before if before != to else link_target(root / "previous"))
     if new_previous not in (None, "none") and new_previous != to:
         release_path(root, new_previous)
-    if rollback:
+    previous_before = link_target(root / "previous")
+    if dry_run:
+        new_previous = None if new_previous == "none" else new_previous
+    elif rollback:
         _move_current(root, before, to)
         new_previous = _move_previous(root, new_previous, to)
     else:
         new_previous = _move_previous(root, new_previous, to)
         _move_current(root, before, to)
-    return {"changed": before != to, "from": before, "to": to, "previous": new_previous}
+    changed = before != to or (new_previous != previous_before and new_previous != to)
+    return {"changed": changed, "from": before, "to": to, "previous": new_previous, "previous_before": previous_before}
 
 
 def _move_current(root: Path, before: str | None, to: str) -> None:
@@ -104,17 +108,15 @@ def _move_previous(root: Path, new_previous: str | None, to: str) -> str | None:
     return new_previous
 
 
-def mark(root: Path, release: str, state: str) -> bool:
-    """Record the outcome of a release's smoke tests; True when the mark is new."""
+def mark(root: Path, release: str, state: str, dry_run: bool = False) -> bool:
+    """Record the outcome of a release's smoke tests; True when the mark is new (or would be)."""
     path = release_path(root, release)
     other = "failed" if state == "promoted" else "promoted"
-    changed = False
-    if (path / other).exists():
-        (path / other).unlink()
-        changed = True
-    if not (path / state).exists():
-        (path / state).write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
-        changed = True
+    changed = (path / other).exists() or not (path / state).exists()
+    if changed and not dry_run:
+        (path / other).unlink(missing_ok=True)
+        if not (path / state).exists():
+            (path / state).write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
     return changed
 
 
@@ -133,8 +135,10 @@ def status(root: Path) -> dict[str, Any]:
     return {"current": link_target(root / "current"), "previous": link_target(root / "previous"), "releases": rows}
 
 
-def prune(root: Path, keep: int) -> list[str]:
-    """Keep `current`, `previous` and the newest `keep` promoted releases; drop the rest and unused stores."""
+def prune(root: Path, keep: int, dry_run: bool = False) -> list[str]:
+    """Keep `current`, `previous` and the newest `keep` promoted releases; drop the rest and unused stores.
+
+    ``dry_run``: what would be removed, nothing removed (Ansible's check mode)."""
     info = status(root)
     protected = {info["current"], info["previous"]}
     promoted = [row["id"] for row in info["releases"] if row["state"] == "promoted"]
@@ -142,10 +146,13 @@ def prune(root: Path, keep: int) -> list[str]:
     removed = []
     for row in info["releases"]:
         if row["id"] not in protected:
-            shutil.rmtree(releases_dir(root) / row["id"])
+            if not dry_run:
+                shutil.rmtree(releases_dir(root) / row["id"])
             removed.append(f"releases/{row['id']}")
     used = set()
     for path in releases_dir(root).iterdir():
+        if dry_run and f"releases/{path.name}" in removed:
+            continue
         for link in LINKS:
             if (path / link).is_symlink():
                 used.add(os.path.normpath(path / os.readlink(path / link)))
@@ -153,7 +160,8 @@ def prune(root: Path, keep: int) -> list[str]:
         for entry in sorted((root / store).iterdir()) if (root / store).is_dir() else []:
             inner = [entry / sub for sub in ("", "venv", "glmdeploy")]
             if not any(os.path.normpath(p) in used for p in inner):
-                shutil.rmtree(entry)
+                if not dry_run:
+                    shutil.rmtree(entry)
                 removed.append(f"{store}/{entry.name}")
     return removed
 

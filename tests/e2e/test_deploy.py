@@ -86,6 +86,35 @@ def test_second_deploy_changes_nothing_and_concurrent_ones_are_refused(deployed,
     FIGURES["make deploy, re-run with changed=0 (s)"] = round(again.elapsed, 1)  # type: ignore[attr-defined]
 
 
+def _files_under(*roots: str) -> dict[str, tuple]:
+    """Every file, directory and link under roots: mode, size, mtime, link target (what --check must not touch)."""
+    seen: dict[str, tuple] = {}
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            for name in dirnames + filenames:
+                path = os.path.join(dirpath, name)
+                st = os.lstat(path)
+                target = os.readlink(path) if os.path.islink(path) else None
+                seen[path] = (st.st_mode, st.st_size, st.st_mtime_ns, target)
+    return seen
+
+
+def test_check_diff_on_a_deployed_node_reports_no_change_and_changes_nothing(deployed):
+    """`ansible-playbook --check --diff` of the whole deploy: changed=0, no diff, no file or service touched."""
+    roots = ("/opt/glmdeploy", "/etc/glmdeploy")
+    before, files = _node_state(), _files_under(*roots)
+    proc = make("deploy", "ANSIBLE_ARGS=--check --diff")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    recap = re.search(r"localhost\s*:\s*ok=\d+\s+changed=(\d+)", proc.stdout)
+    assert recap and recap.group(1) == "0", f"--check reports changes on a deployed node: {recap and recap.group(0)}"
+    assert "--- before" not in proc.stdout, "--diff shows a difference on a deployed node"
+    assert _node_state() == before, "--check changed the releases or restarted a service"
+    after = _files_under(*roots)
+    changed = sorted(p for p in set(files) | set(after) if files.get(p) != after.get(p))
+    assert not changed, f"--check modified files on the node: {changed[:10]}"
+    FIGURES["make deploy --check --diff on a deployed node (s)"] = round(proc.elapsed, 1)  # type: ignore[attr-defined]
+
+
 def test_node_runs_a_complete_named_release_through_current(deployed):
     release = Path("/opt/glmdeploy/current").resolve()
     assert release.parent == Path("/opt/glmdeploy/releases")

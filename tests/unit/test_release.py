@@ -32,7 +32,7 @@ def test_switch_moves_current_and_keeps_the_old_one_as_previous(tmp_path):
     _release(tmp_path, "r2", model="fixture-222")
     assert release.switch(tmp_path, "r1")["changed"] is True
     result = release.switch(tmp_path, "r2")
-    assert result == {"changed": True, "from": "r1", "to": "r2", "previous": "r1"}
+    assert result == {"changed": True, "from": "r1", "to": "r2", "previous": "r1", "previous_before": None}
     assert os.readlink(tmp_path / "current") == "releases/r2"
     assert (tmp_path / "current" / "model").resolve() == (tmp_path / "models" / "fixture-222").resolve()
     assert release.switch(tmp_path, "r2")["changed"] is False, "switching to the current release changed something"
@@ -134,3 +134,34 @@ def test_cli_errors_name_the_problem_and_exit_2(tmp_path, capsys):
     assert release.main(["--root", str(tmp_path), "switch", "--to", "nope"]) == 2
     assert "no release 'nope'" in capsys.readouterr().err
     assert release.main(["--root", str(tmp_path), "prune", "--keep", "0"]) == 2
+
+
+def _tree(root):
+    """Every path under root with its link target or file content: what a dry run must not change."""
+    return {
+        str(p.relative_to(root)): os.readlink(p) if p.is_symlink() else (p.read_text() if p.is_file() else "dir")
+        for p in sorted(root.rglob("*"))
+    }
+
+
+def test_dry_runs_answer_as_the_real_call_and_change_nothing(tmp_path):
+    _release(tmp_path, "r1", env="e1", model="m1", kit="k1", state="promoted", age=1)
+    _release(tmp_path, "r2", env="e2", model="m2", kit="k2", state="promoted", age=2)
+    _release(tmp_path, "r3", env="e3", model="m2", kit="k2", age=3)
+    release.switch(tmp_path, "r1")
+    release.switch(tmp_path, "r2")
+    calls = (
+        lambda dry: release.switch(tmp_path, "r3", dry_run=dry),
+        lambda dry: release.mark(tmp_path, "r3", "promoted", dry_run=dry),
+        lambda dry: release.prune(tmp_path, keep=1, dry_run=dry),
+        lambda dry: release.switch(tmp_path, "previous", dry_run=dry),
+    )
+    answers = []
+    for call in calls:
+        before = _tree(tmp_path)
+        planned = call(True)
+        assert _tree(tmp_path) == before, f"a dry run changed the node: {planned}"
+        assert planned == call(False), "the dry run's answer differs from the real call's"
+        answers.append(planned)
+    assert answers[0]["changed"] and answers[1] is True and answers[3]["to"] == "r2"
+    assert answers[2] == ["releases/r1", "envs/e1", "models/m1", "kits/k1"]
