@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from glmdeploy import chatglm3
+from glmdeploy import chatglm3, sse
 
 
 class ServerUnavailable(ConnectionError):
@@ -24,7 +24,14 @@ class ServerUnavailable(ConnectionError):
 
 
 class ServerError(RuntimeError):
-    """The server answered with an HTTP error, or a stream carried an error event."""
+    """The server answered with an HTTP error, or a stream carried an error event or ended early.
+
+    `code`: the HTTP status of an error answer, an error event's `code`, else None.
+    """
+
+    def __init__(self, message: str, code: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass
@@ -73,7 +80,7 @@ class ApiClient:
             raise ServerUnavailable(f"cannot reach the model server at {self.base_url}: {exc}") from exc
         if response.status >= 400:
             detail = response.read().decode("utf-8", "replace")[:500]
-            raise ServerError(f"{method} {path} -> HTTP {response.status}: {detail}")
+            raise ServerError(f"{method} {path} -> HTTP {response.status}: {detail}", code=response.status)
         return response
 
     def get_json(self, path: str) -> Any:
@@ -128,32 +135,28 @@ class ApiClient:
                 yield choice["text"]
 
     def stream_events(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        """Decoded server-sent events of one streamed request, until `[DONE]`.
+        """Decoded server-sent events of one streamed request, until `[DONE]` (glmdeploy.sse).
 
-        A `data: {"error": ...}` event (what vLLM sends when generation fails after the
-        stream began, with HTTP 200 already sent) raises ServerError, and so does a stream
-        cut off before `[DONE]` (a proxy timeout, a server that died): the caller must never
-        mistake either for a complete reply. Hand-written because vLLM's events are one
-        `data:` line each, and the locked environments carry no SSE library.
+        An error event (what vLLM sends when generation fails after the stream began, with
+        HTTP 200 already sent) raises ServerError with the server's message and code, and so
+        does a stream cut off before `[DONE]` (a proxy timeout, a server that died): the caller
+        must never mistake either for a complete reply. The ServerError's `__cause__` is the
+        decoder's sse.ErrorEvent / sse.IncompleteStream.
         """
         response = self._request("POST", path, body)
         try:
-            for raw in response:
-                line = raw.decode("utf-8").strip()
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    return
-                event = json.loads(data)
-                if isinstance(event, dict) and event.get("error"):
-                    error = event["error"]
-                    message = error.get("message", error) if isinstance(error, dict) else error
-                    raise ServerError(f"POST {path}: the server reported an error mid-stream: {message}")
+            for event in sse.iter_json(response):
+                if not isinstance(event, dict):
+                    raise ServerError(f"POST {path}: a streamed event is not a JSON object: {str(event)[:200]}")
                 yield event
+        except sse.ErrorEvent as exc:
+            raise ServerError(f"POST {path}: {exc}", code=exc.code) from exc
+        except sse.StreamError as exc:
+            raise ServerError(f"POST {path}: {exc}") from exc
         except (http.client.HTTPException, OSError) as exc:
             raise ServerUnavailable(f"POST {path}: the stream from {self.base_url} broke off: {exc}") from exc
-        raise ServerError(f"POST {path}: the stream ended without [DONE]: the reply may be cut short")
+        finally:
+            response.close()
 
     def _stream_choices(self, body: dict[str, Any], usage: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
         for event in self.stream_events("/completions", body):

@@ -28,6 +28,10 @@ from pathlib import Path
 from typing import Any
 
 SERVICE = Path(__file__).resolve().parents[2] / "service"
+if str(SERVICE) not in sys.path:  # run as `python3 tests/rehearsal/run_rehearsal.py` from a checkout
+    sys.path.insert(0, str(SERVICE))
+from glmdeploy import sse  # noqa: E402  (stdlib only: any python3 runs it)
+
 HOST = "127.0.0.1"
 SERVED = "chatglm3-6b-32k"
 STOP_IDS = [2, 64795, 64797]
@@ -136,12 +140,9 @@ class Server:
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read().decode() or "null")
         if body.get("stream"):
-            chunks = [
-                json.loads(line[5:])
-                for line in raw.splitlines()
-                if line.startswith("data:") and line.strip() != "data: [DONE]"
-            ]
-            return status, chunks
+            # The kit's one SSE decoder: an error event or a stream without [DONE] raises
+            # (sse.StreamError, naming the server's message), and main() records it as a failure.
+            return status, list(sse.iter_json([raw]))
         return status, json.loads(raw)
 
     def get(self, path: str, auth: bool = True) -> tuple[int, Any]:

@@ -9,6 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from glmdeploy import sse
+from glmdeploy.bench import one_request
 from glmdeploy.client import ApiClient, Completion, ServerError
 from glmdeploy.ready import prompt_mismatch
 
@@ -16,6 +18,8 @@ from glmdeploy.ready import prompt_mismatch
 class _Server(ThreadingHTTPServer):
     events: list[object]
     bodies: list[dict[str, object]]
+    #: When set, the reply body as written, one flushed write per item (events and [DONE] unused).
+    raw: list[bytes] | None = None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -27,6 +31,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
+        if self.server.raw is not None:
+            for piece in self.server.raw:
+                self.wfile.write(piece)
+                self.wfile.flush()
+            return
         for event in self.server.events:
             self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
         if not getattr(self.server, "no_done", False):
@@ -98,3 +107,44 @@ def test_stream_cut_off_before_done_raises(server: _Server) -> None:
     server.no_done = True
     with pytest.raises(ServerError, match="without \\[DONE\\]"):
         list(_client(server).stream_completion([1]))
+
+
+# vLLM 0.4.3's bytes when generation fails mid-stream (serving_completion.py: the chunks so far,
+# create_streaming_error_response, then [DONE]), with a keep-alive comment and CRLF line ends.
+VLLM_043_FAILING_STREAM = [
+    b": ping\r\n\r\n",
+    b'data: {"choices": [{"index": 0, "text": "Hel", "finish_reason": null}]}\r\n\r\n',
+    b'data: {"choices": [{"index": 0, "text": "lo", "finish_reason": null}]}\r\n\r\n',
+    b'data: {"error": {"object": "error", "message": "CUDA out of memory", "type": "BadRequestError", '
+    b'"param": null, "code": 400}}\r\n\r\n',
+    b"data: [DONE]\r\n\r\n",
+]
+
+
+def test_client_raises_on_vllm_043_error_event_after_streamed_chunks(server: _Server) -> None:
+    server.raw = VLLM_043_FAILING_STREAM
+    pieces = []
+    with pytest.raises(ServerError, match=r"CUDA out of memory \(code 400") as info:
+        for piece in _client(server).stream_completion([1]):
+            pieces.append(piece)
+    assert pieces == ["Hel", "lo"]
+    assert info.value.code == 400
+    assert isinstance(info.value.__cause__, sse.ErrorEvent)
+
+
+def test_complete_raises_instead_of_returning_the_text_before_the_error(server: _Server) -> None:
+    server.raw = VLLM_043_FAILING_STREAM
+    with pytest.raises(ServerError, match="CUDA out of memory"):
+        _client(server).complete([1])
+
+
+def test_chat_stream_error_in_the_bare_object_shape_raises(server: _Server) -> None:
+    server.raw = [b'data: {"object": "error", "message": "bad request", "type": "x", "code": 400}\n\n']
+    with pytest.raises(ServerError, match="bad request"):
+        list(_client(server).stream_events("/chat/completions", {"stream": True}))
+
+
+def test_bench_request_raises_on_an_error_event(server: _Server) -> None:
+    server.raw = VLLM_043_FAILING_STREAM
+    with pytest.raises(ServerError, match="CUDA out of memory"):
+        one_request(_client(server), [5, 6, 7], 4)
