@@ -32,7 +32,10 @@ import pytest
 from conftest import FIGURES, ROOT, SERVICE_USER_PROCESSES, make, one_engine_left
 
 sys.path.insert(0, str(ROOT / "tests" / "hosts"))
+sys.path.insert(0, str(ROOT / "service"))
 import hostctl
+
+from glmdeploy import sse
 
 STATE = hostctl.STATE
 KEY = STATE / "id_ed25519"
@@ -352,17 +355,11 @@ def lb_generate(key: str | None, max_tokens: int = 8, timeout: float = 120) -> t
     req = urllib.request.Request(LB_API + "/completions", data=json.dumps(body).encode(), headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            text, done = "", False
-            for raw in resp:
-                line = raw.decode().strip()
-                if line == "data: [DONE]":
-                    done = True
-                elif line.startswith("data: "):
-                    text += json.loads(line[6:])["choices"][0]["text"]
-            return (resp.status if done else 0), text
+            text = "".join(payload["choices"][0]["text"] for payload in sse.iter_json(resp))
+            return resp.status, text
     except urllib.error.HTTPError as err:
         return err.code, ""
-    except (OSError, ValueError):
+    except (OSError, ValueError, sse.StreamError):  # cut short, or an error event mid-stream
         return 0, ""
 
 
