@@ -19,7 +19,9 @@ size vLLM logs at start ("# GPU blocks" / "KV cache size").
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
+import re
 import sys
 from dataclasses import asdict, dataclass
 
@@ -46,13 +48,32 @@ TYPICAL_SEQUENCE_TOKENS = 2048
 # Total memory as NVML reports it (MiB), and whether the class's engine can chunk prefills.
 # The 24 GB classes run the gpu-cu121 lock (vLLM 0.4.3): no chunked prefill together with
 # prefix caching there, so a batch must hold a whole 32k prompt. The H200 runs a current vLLM.
+# api_servers: HTTP front-end processes (vLLM's --api-server-count). One API-server process
+# (JSON, SSE framing, detokenisation of every stream) paced 256 streams on the H200 at 8-11 k
+# out tok/s; four carried 16.4-16.6 k (bench/h200/README.md, 2026-12-02 front end). The 24 GB
+# classes keep 1: at their 64 sequences one API server kept up, and 0.4.3 has no such option.
 GPU_CLASSES: dict[str, dict[str, object]] = {
     "rtx-4090": {"memory_mib": 24_564, "chunked_prefill": False, "names": ["RTX 4090", "RTX 4090 D"]},
     "rtx-3090": {"memory_mib": 24_576, "chunked_prefill": False, "names": ["RTX 3090"]},
     "a10": {"memory_mib": 23_028, "chunked_prefill": False, "names": ["A10"]},
     "l4": {"memory_mib": 23_034, "chunked_prefill": False, "names": ["L4"]},
-    "h200": {"memory_mib": 143_771, "chunked_prefill": True, "names": ["H200"]},
+    "h200": {"memory_mib": 143_771, "chunked_prefill": True, "api_servers": 4, "names": ["H200"]},
 }
+
+# --api-server-count is passed only to an engine at least this new: the vLLM it was measured on.
+# Older ones lack it (0.4.3's parser refuses it: the server would not start) or were not checked.
+# The role's sizing runs with the release's own Python, so the engine it sees is the one that starts.
+API_SERVER_COUNT_SINCE = (0, 26, 0)
+
+
+def engine_version() -> tuple[int, ...] | None:
+    """The installed vLLM's release as numbers ("0.26.0+cu130" -> (0, 26, 0)); None without vLLM."""
+    try:
+        text = importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    return tuple(int(part or 0) for part in match.groups()) if match else None
 
 
 @dataclass(frozen=True)
@@ -68,13 +89,21 @@ class Settings:
     contexts_32k: int
     contexts_4k: int
     contexts_1k: int
+    api_server_count: int = 1
 
-    def vllm_args(self) -> list[str]:
+    def vllm_args(self, engine: tuple[int, ...] | None = None) -> list[str]:
+        """The engine's arguments; `engine` is the vLLM that will run them (engine_version()), None if unknown."""
         # Workers as local processes: vLLM 0.4.3 picks ray whenever it is installed (it is, in the lock),
         # which the kit neither configures nor needs on one host.
         tp = (
             ["--tensor-parallel-size", str(self.tensor_parallel_size), "--distributed-executor-backend", "mp"]
             if self.tensor_parallel_size > 1
+            else []
+        )
+        # Only for an engine known to have it: unknown (None) and older engines get nothing.
+        front_end = (
+            ["--api-server-count", str(self.api_server_count)]
+            if self.api_server_count > 1 and engine is not None and engine >= API_SERVER_COUNT_SINCE
             else []
         )
         return [
@@ -86,6 +115,7 @@ class Settings:
             "--max-num-seqs",
             str(self.max_num_seqs),
             "--enable-prefix-caching",
+            *front_end,
         ]
 
 
@@ -102,7 +132,12 @@ def kv_bytes_per_token_per_gpu(tensor_parallel: int) -> int:
 
 
 def settings_for(
-    gpu_class: str, memory_mib: int, chunked_prefill: bool, utilization: float = 0.90, tensor_parallel: int = 1
+    gpu_class: str,
+    memory_mib: int,
+    chunked_prefill: bool,
+    utilization: float = 0.90,
+    tensor_parallel: int = 1,
+    api_servers: int = 1,
 ) -> Settings:
     """The settings for one card (or `tensor_parallel` such cards in one host); ValueError when it does not fit."""
     if tensor_parallel not in TENSOR_PARALLEL_SIZES:
@@ -135,6 +170,7 @@ def settings_for(
         contexts_32k=kv_tokens // MAX_MODEL_LEN,
         contexts_4k=kv_tokens // 4096,
         contexts_1k=kv_tokens // 1024,
+        api_server_count=api_servers,
     )
 
 
@@ -147,6 +183,7 @@ def for_class(gpu_class: str, tensor_parallel: int = 1) -> Settings:
         int(spec["memory_mib"]),  # type: ignore[call-overload]
         bool(spec["chunked_prefill"]),
         tensor_parallel=tensor_parallel,
+        api_servers=int(spec.get("api_servers", 1)),  # type: ignore[call-overload]
     )
 
 
@@ -174,15 +211,15 @@ def detect() -> tuple[str, int]:
 def table() -> str:
     lines = [
         "| GPU class | memory (GiB) | gpu_memory_utilization | max_num_batched_tokens | max_num_seqs "
-        "| KV cache (GiB) | KV tokens | 32k contexts | 4k contexts | 1k contexts |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| KV cache (GiB) | KV tokens | 32k contexts | 4k contexts | 1k contexts | API servers |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in GPU_CLASSES:
         s = for_class(name)
         lines.append(
             f"| {name} | {s.memory_gib} | {s.gpu_memory_utilization:.2f} | {s.max_num_batched_tokens:,}"
             f" | {s.max_num_seqs} | {s.kv_cache_gib} | {s.kv_cache_tokens:,}"
-            f" | {s.contexts_32k} | {s.contexts_4k} | {s.contexts_1k} |"
+            f" | {s.contexts_32k} | {s.contexts_4k} | {s.contexts_1k} | {s.api_server_count} |"
         )
     return "\n".join(lines)
 
@@ -227,8 +264,18 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         settings = for_class(gpu_class, args.tensor_parallel)
+    engine = engine_version()
     if args.json:
-        print(json.dumps({**asdict(settings), "vllm_args": settings.vllm_args()}, indent=2))
+        print(
+            json.dumps(
+                {
+                    **asdict(settings),
+                    "engine": ".".join(map(str, engine)) if engine else None,
+                    "vllm_args": settings.vllm_args(engine),
+                },
+                indent=2,
+            )
+        )
     else:
         for key, value in asdict(settings).items():
             print(f"{key:24} {value}")

@@ -70,3 +70,53 @@ def test_two_rtx_4090_in_tensor_parallel_by_hand():
     assert sizing.kv_bytes_per_token_per_gpu(4) == 14 * kib  # past 2-way the groups are replicated
     with pytest.raises(ValueError, match="32 attention heads"):
         sizing.for_class("rtx-4090", tensor_parallel=3)
+
+
+def test_h200_asks_for_four_api_servers_only_from_an_engine_that_has_the_option():
+    """--api-server-count (bench/h200, 2026-12-02 front end: 256 streams 8.3-11.1 k -> 16.4-16.6 k out tok/s)
+    reaches vLLM 0.26.0 and later; 0.4.3's parser refuses it, and an unknown engine gets nothing."""
+    s = sizing.for_class("h200")
+    assert s.api_server_count == 4
+    assert s.vllm_args((0, 26, 0))[-2:] == ["--api-server-count", "4"]
+    assert s.vllm_args((1, 0, 0))[-2:] == ["--api-server-count", "4"]
+    for engine in ((0, 4, 3), (0, 25, 9), None):
+        assert "--api-server-count" not in s.vllm_args(engine)
+    assert s.vllm_args() == s.vllm_args(None)
+
+
+@pytest.mark.parametrize("gpu_class", ["rtx-4090", "rtx-3090", "a10", "l4"])
+def test_24gb_classes_keep_one_api_server_on_any_engine(gpu_class):
+    s = sizing.for_class(gpu_class)
+    assert s.api_server_count == 1
+    assert "--api-server-count" not in s.vllm_args((0, 26, 0))
+    assert "--api-server-count" not in sizing.for_class(gpu_class, tensor_parallel=2).vllm_args((0, 26, 0))
+
+
+@pytest.mark.parametrize(
+    ("installed", "expected"),
+    [("0.4.3", (0, 4, 3)), ("0.26.0", (0, 26, 0)), ("0.26.0+cu130", (0, 26, 0)), ("0.27", (0, 27, 0)), ("dev", None)],
+)
+def test_engine_version_reads_the_installed_vllm(monkeypatch, installed, expected):
+    monkeypatch.setattr(sizing.importlib.metadata, "version", lambda name: installed)
+    assert sizing.engine_version() == expected
+
+
+def test_engine_version_is_none_without_vllm(monkeypatch):
+    def missing(name):
+        raise sizing.importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(sizing.importlib.metadata, "version", missing)
+    assert sizing.engine_version() is None
+
+
+def test_json_output_passes_the_installed_engine_to_the_arguments(monkeypatch, capsys):
+    import json
+
+    monkeypatch.setattr(sizing, "engine_version", lambda: (0, 26, 0))
+    assert sizing.main(["show", "h200", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["engine"] == "0.26.0" and out["api_server_count"] == 4
+    assert out["vllm_args"][-2:] == ["--api-server-count", "4"]
+    monkeypatch.setattr(sizing, "engine_version", lambda: (0, 4, 3))
+    assert sizing.main(["show", "h200", "--json"]) == 0
+    assert "--api-server-count" not in json.loads(capsys.readouterr().out)["vllm_args"]
