@@ -28,6 +28,11 @@
 #   tests/gpu/h200.sh served   (after stage1) kit-tuned server on the served tokenizer: the whole
 #                              smoke suite (smoke_tests/), bench 1/4/16/64/256 streams, the
 #                              detokenizer's CPU cost (bench/h200/detok_cost.py)
+#   tests/gpu/h200.sh frontend CONFIG...   (after stage1) the 256-stream front-end limit: for each
+#                              CONFIG a fresh server on the served tokenizer, bench 64 and 256 streams
+#                              (512 in / 256 out); CONFIG: kit (sizing's settings, one API server),
+#                              kit-ascN (+ --api-server-count N), kit-siN (+ --stream-interval N),
+#                              default (engine defaults). One tar per call in $OUT (8-file limit).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1
@@ -89,13 +94,22 @@ start_server() {  # $1: label; the rest: extra vLLM arguments
   local tok; tok=$(tokenizer_args) || return 1
   echo "==> [$label] vllm serve ($TOKENIZER_MODE tokenizer): $tok $*"
   local t0=$SECONDS
-  python3 -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name chatglm3-6b-32k \
+  # `python -m vllm.entrypoints.openai.api_server` (the kit's launcher) parses --api-server-count
+  # and ignores it (its __main__ always runs one server); `vllm serve` (cli/serve.py) honours it.
+  local entry=(-m vllm.entrypoints.openai.api_server) servers=1 a prev=""
+  for a in "$@"; do [ "$prev" != --api-server-count ] || { entry=(-m vllm.entrypoints.cli.main serve); servers=$a; }; prev=$a; done
+  echo "==> [$label] python3 ${entry[*]} (API servers: $servers)"
+  python3 "${entry[@]}" --model "$MODEL" --served-model-name chatglm3-6b-32k \
     --load-format dummy --dtype float16 --max-model-len 32768 --host 127.0.0.1 --port 8000 \
     --trust-remote-code $tok "$@" > "$log" 2>&1 &
   SERVER=$!
   for _ in $(seq 1 300); do
     if python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null; then
-      echo "==> [$label] ready after $((SECONDS - t0)) s"; return 0
+      echo "==> [$label] ready after $((SECONDS - t0)) s"
+      # Several API servers: /health answers once the first serves; wait (<= 60 s) for the others.
+      for _ in $(seq 1 60); do [ "$(grep -c 'Application startup complete' "$log")" -ge "$servers" ] && break; sleep 1; done
+      [ "$servers" -eq 1 ] || echo "==> [$label] API servers started: $(grep -c 'Application startup complete' "$log") of $servers, after $((SECONDS - t0)) s"
+      return 0
     fi
     if ! kill -0 $SERVER 2>/dev/null; then echo "==> [$label] server died"; tail -40 "$log"; return 1; fi
     sleep 1
@@ -107,7 +121,13 @@ kit_args() {  # the settings glmdeploy.sizing derives for this node's GPU, as vL
   python3 -m glmdeploy.sizing detect --json "$@" | python3 -c "import json,sys; print(' '.join(json.load(sys.stdin)['vllm_args']))"
 }
 
-stop_server() { kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null; sleep 2; }
+stop_server() {  # and wait until the GPU is free again (the next server takes 90 % of it)
+  kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null; sleep 2
+  for _ in $(seq 1 30); do
+    [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null)" ] && return 0; sleep 1
+  done
+  echo "==> GPU still held after the server ended: $(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader)"
+}
 
 bench() {  # $1: label; the rest: bench arguments
   local label=$1; shift
@@ -184,6 +204,67 @@ served)  # the production tokenizer path on the kit-tuned server (2026-12-02; af
   bench kit-no-detokenize --input-lens 512 --output-lens 256 --concurrency 1,4,16,64,256
   stop_server
   ;;
+frontend)  # the 256-stream front-end limit (issue 19; after stage1): CONFIG... as in the header
+  shift
+  [ $# -gt 0 ] || { echo "frontend: name the configurations (kit kit-asc4 kit-si4 default ...)" >&2; exit 2; }
+  RES=/tmp/frontend-$(date -u +%H%M%S); mkdir -p "$RES"; OUT_FINAL=$OUT; OUT=$RES
+  TAR=$OUT_FINAL/frontend-$(echo "$*" | tr ' ' '_').tar
+  keep() { (cd "$RES" && gzip -f server-*.log 2>/dev/null; tar -cf "$TAR" .); }  # after each step: survives a timeout
+  cp .gpu/vllm.tar.xz.part* "$STASH"/ 2>/dev/null
+  [ -d "$SITE/fastapi" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --upgrade --target "$SITE" .whl/*.whl || exit 1
+  [ -d "$SITE/vllm" ] || { cat "$STASH"/vllm.tar.xz.part* | xz -d -T0 | tar -C "$SITE" -xf - || exit 1; }
+  python3 -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" | tee "$RES/versions.txt"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$RES/versions.txt"
+  nproc | sed 's/^/cpus /' | tee -a "$RES/versions.txt"
+  served_tokenizer || exit 1
+  # The front-end options this vLLM has, from its own --help (in the background, while servers start).
+  ( python3 -m vllm.entrypoints.cli.main serve --help=all > "$RES/serve-help.txt" 2>&1
+    grep -nE -A3 -- "--api-server-count|--stream-interval|--skip-tokenizer-init|--tokens-only|--disable-log-stats|--disable-uvicorn-access-log" \
+      "$RES/serve-help.txt" | cut -c1-200 > "$RES/serve-help-frontend.txt" ) &
+  HELP=$!
+  # The kit's settings as measured 2026-12-02 (one API server): sizing's arguments without any
+  # --api-server-count it may add for this vLLM, so `kit` stays the same configuration.
+  base=$(kit_args | python3 -c "import sys; a=sys.stdin.read().split(); i=a.index('--api-server-count') if '--api-server-count' in a else -1; print(' '.join(a[:i] + a[i+2:] if i >= 0 else a))")
+  echo "==> kit settings: $base"
+  for cfg in "$@"; do
+    case "$cfg" in
+    kit) args=$base ;;
+    kit-asc[0-9]*) args="$base --api-server-count ${cfg#kit-asc}" ;;
+    kit-si[0-9]*) args="$base --stream-interval ${cfg#kit-si}" ;;
+    default) args="" ;;
+    *) echo "frontend: unknown configuration $cfg" >&2; continue ;;
+    esac
+    # shellcheck disable=SC2086
+    start_server "$cfg" $args || { keep; continue; }
+    grep -iE "api_server_count|stream_interval|KV cache|Defaulting|disabling stats" "$RES/server-$cfg.log" | cut -c1-300 | head -8
+    # Which process is busy while the bench runs: top's second sample (1 s) every ~2 s, full command lines.
+    ( while :; do top -b -c -w 200 -n 2 -d 1 | awk '/^top -/{n++} n==2' | head -20 || sleep 2; done ) > "$RES/top-$cfg.txt" 2>&1 & TOP=$!
+    # FRONTEND_WARM=1: first 33 requests of other prompts (500 in), so that every API-server process has
+    # served before the measured levels, whose prompts are then not in the prefix cache either.
+    [ -z "${FRONTEND_WARM:-}" ] || bench "$cfg-warmup" --input-lens 500 --output-lens 256 --concurrency 16
+    bench "$cfg" --input-lens 512 --output-lens 256 --concurrency "${FRONTEND_CONCURRENCY:-64,256}"
+    kill $TOP 2>/dev/null; wait $TOP 2>/dev/null
+    case " ${FRONTEND_TWO_CLIENTS:-} " in *" $cfg "*)
+      # Is the client (one Python process, a thread per stream) the limit? Two at once, 128 streams each.
+      bench "$cfg-client1of2" --input-lens 512 --output-lens 256 --concurrency 128 & c1=$!
+      bench "$cfg-client2of2" --input-lens 512 --output-lens 256 --concurrency 128 & c2=$!
+      wait $c1 $c2 ;;
+    esac
+    stop_server
+    keep
+  done
+  wait $HELP; keep
+  python3 - "$RES" <<'PY'
+import json, pathlib, sys
+for f in sorted(pathlib.Path(sys.argv[1]).glob("bench-*.json")):
+    d = json.loads(f.read_text())
+    for r in d["results"]:
+        print(f"{d['label']:28} {r['concurrency']:4} {r['output_tokens_per_s']:10.1f} tok/s  {r['output_tokens_per_s'] / 14345:6.1%} of 14,345"
+              f"  TTFT p50 {r['ttft_ms']['p50']:8.1f}  ITL p50/p99 {r['itl_ms']['p50']:6.2f} / {r['itl_ms']['p99']:7.2f} ms  {r['duration_s']} s")
+PY
+  ls -la "$OUT_FINAL"
+  ;;
 stage3)
   start_server default || exit 1
   bench default --input-lens 512 --output-lens 256 --concurrency 1,64
@@ -196,5 +277,5 @@ stage3)
   stop_server
   ;;
 *)
-  echo "usage: $0 stage1|stage2|stage2b|stage3|served|baseline|tp2" >&2; exit 2 ;;
+  echo "usage: $0 stage1|stage2|stage2b|stage3|served|baseline|tp2|frontend CONFIG..." >&2; exit 2 ;;
 esac
