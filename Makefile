@@ -41,7 +41,7 @@ ARTIFACT_PORT ?= 0
 LOCK_WAIT ?= 0
 # ... and the same wait for each node's own lock (the playbooks read it: glmdeploy_node_lock_wait).
 export GLMDEPLOY_LOCK_WAIT := $(LOCK_WAIT)
-RUN_LOCKED = PYTHONPATH=service $(TOOLS)/bin/python -m glmdeploy.runlock --inventory $(INVENTORY) --wait $(LOCK_WAIT) --
+RUN_LOCKED = $(TOOLS)/bin/python -m glmdeploy.runlock --inventory $(INVENTORY) --wait $(LOCK_WAIT) --
 SERVE_ARTIFACTS = $(RUN_LOCKED) $(TOOLS)/bin/python -m glmdeploy.artifact_server \
   --root $(ARTIFACTS) --inventory $(INVENTORY) --port $(ARTIFACT_PORT) --
 
@@ -68,7 +68,17 @@ $(TOOLS)/.stamp: constraints/tools-py311.txt
 	@$(TOOLS)/bin/pip install -q --no-deps --require-hashes --only-binary=:all: -r constraints/tools-py311.txt
 	@touch $@
 
-tools: $(TOOLS)/.stamp ## Bootstrap the tool venv (ansible, ansible-lint, yamllint, ruff, pytest, playwright)
+# The tool venvs use this checkout's own package (service/glmdeploy) through a .pth file, the
+# file an editable install writes for this layout: `python -m glmdeploy.<module>` works with no
+# PYTHONPATH, and no build backend joins the hash-locked tool set.
+CHECKOUT_PTH := lib/python3.11/site-packages/glmdeploy-checkout.pth
+$(TOOLS)/$(CHECKOUT_PTH): $(TOOLS)/.stamp
+	@echo "$(CURDIR)/service" > $@
+$(REFENV)/$(CHECKOUT_PTH): $(REFENV)/.stamp
+	@echo "$(CURDIR)/service" > $@
+REFENV_READY := $(REFENV)/$(CHECKOUT_PTH)
+
+tools: $(TOOLS)/.stamp $(TOOLS)/$(CHECKOUT_PTH) ## Bootstrap the tool venv (ansible, ansible-lint, yamllint, ruff, pytest, playwright)
 
 $(REFENV)/.stamp: constraints/tokenizer-ref-py311.txt
 	@echo "==> building the reference tokenizer environment in $(REFENV) (transformers 4.40.2, tokenizers 0.19.1)"
@@ -85,14 +95,14 @@ lock-check: tools ## Fail if a committed lock differs from a fresh resolve
 wheelhouse: tools ## Download the wheels of PROFILE's lock once, on the control node, and verify them
 	$(TOOLS)/bin/python constraints/lock.py wheelhouse --profile $(PROFILE) --python $(subst 3,3.,$(NODE_PY)) --dest $(WHEELHOUSE) --cache "$(WHEEL_CACHE)"
 
-$(FIXTURE)/SHA256SUMS: $(REFENV)/.stamp service/glmdeploy/fixture.py service/glmdeploy/chatglm3.py $(wildcard service/glmdeploy/fixture_files/*.py)
-	@PYTHONPATH=service $(REFENV)/bin/python -m glmdeploy.fixture $(FIXTURE)
+$(FIXTURE)/SHA256SUMS: $(REFENV_READY) service/glmdeploy/fixture.py service/glmdeploy/chatglm3.py $(wildcard service/glmdeploy/fixture_files/*.py)
+	@$(REFENV)/bin/python -m glmdeploy.fixture $(FIXTURE)
 
 fixture: $(FIXTURE)/SHA256SUMS ## Generate the tiny ChatGLM3-architecture fixture model (deterministic)
 
 REHEARSAL_MODEL := $(ARTIFACTS)/models/chatglm3-rehearsal
-$(REHEARSAL_MODEL)/SHA256SUMS: $(REFENV)/.stamp service/glmdeploy/fixture.py service/glmdeploy/chatglm3.py $(wildcard service/glmdeploy/fixture_files/*.py)
-	@PYTHONPATH=service $(REFENV)/bin/python -m glmdeploy.fixture --full-size $(REHEARSAL_MODEL)
+$(REHEARSAL_MODEL)/SHA256SUMS: $(REFENV_READY) service/glmdeploy/fixture.py service/glmdeploy/chatglm3.py $(wildcard service/glmdeploy/fixture_files/*.py)
+	@$(REFENV)/bin/python -m glmdeploy.fixture --full-size $(REHEARSAL_MODEL)
 
 rehearsal-model: $(REHEARSAL_MODEL)/SHA256SUMS ## The fixture at ChatGLM3-6B-32k's full sizes, no weights: the gpu-cu121 rehearsal's model (docs/rehearsal.md)
 
@@ -100,14 +110,14 @@ rehearsal-model: $(REHEARSAL_MODEL)/SHA256SUMS ## The fixture at ChatGLM3-6B-32k
 model: $(if $(filter cpu,$(PROFILE)),fixture) ## The model PROFILE serves on the control node (cpu: the fixture; gpu-cu121: make weights)
 
 weights: PROFILE = gpu-cu121
-weights: $(REFENV)/.stamp ## Stage the real model once (control node with internet): REVISION=<40-hex commit>; MIRROR=url or FROM=dir instead of the hub
+weights: $(REFENV_READY) ## Stage the real model once (control node with internet): REVISION=<40-hex commit>; MIRROR=url or FROM=dir instead of the hub
 	@test -n "$(REVISION)" || { echo "error: REVISION=<commit> is required (the model repo's 40-hex commit; a branch name moves)"; exit 2; }
-	PYTHONPATH=service $(REFENV)/bin/python -m glmdeploy.weights --revision "$(REVISION)" --dest $(MODEL_DIR) \
+	$(REFENV)/bin/python -m glmdeploy.weights --revision "$(REVISION)" --dest $(MODEL_DIR) \
 	  $(if $(MIRROR),--mirror $(MIRROR)) $(if $(FROM),--from $(FROM))
 
 # The playbook prepares the wheelhouse of every profile and Python the nodes need; the fixture
 # is always made (seconds; cpu nodes serve it), real weights are staged by `make weights`.
-deploy: tools $(REFENV)/.stamp fixture ## Deploy to INVENTORY (default: this machine) and run the smoke tests; each node's profile is its own
+deploy: tools $(REFENV_READY) fixture ## Deploy to INVENTORY (default: this machine) and run the smoke tests; each node's profile is its own
 	$(SERVE_ARTIFACTS) ansible-playbook -i $(INVENTORY) playbooks/site.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 
 undeploy: tools ## Stop the services and remove the deployment (keeps artifacts/)
@@ -124,7 +134,7 @@ undrain: tools ## Put HOST back behind the load balancer
 	@test -n "$(HOST)" || { echo "error: HOST=<inventory name of a node> is required"; exit 2; }
 	$(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/lb.yml -e '{"load_balancer_undrain": ["$(HOST)"]}' $(ANSIBLE_ARGS)
 
-rollout: tools $(REFENV)/.stamp fixture ## Upgrade the fleet one node at a time out of the balancer (ROLLOUT_SERIAL=1, ROLLOUT_MAX_FAIL=0); a failing node returns to its previous release
+rollout: tools $(REFENV_READY) fixture ## Upgrade the fleet one node at a time out of the balancer (ROLLOUT_SERIAL=1, ROLLOUT_MAX_FAIL=0); a failing node returns to its previous release
 	@rc=0; $(SERVE_ARTIFACTS) ansible-playbook -i $(INVENTORY) playbooks/rollout.yml $(FORCE_PROFILE) \
 	  -e rollout_serial=$(ROLLOUT_SERIAL) -e rollout_max_fail_percentage=$(ROLLOUT_MAX_FAIL) $(ANSIBLE_ARGS) || rc=$$?; \
 	  $(MAKE) --no-print-directory releases; exit $$rc
@@ -140,7 +150,7 @@ releases: tools ## Which release each node of INVENTORY runs, and which it would
 
 releases-table: ## Print the table of releases per node from reports/releases/ (after make releases)
 	@echo "==> releases per node (reports/releases/)"
-	@PYTHONPATH=service $(TOOLS)/bin/python -m glmdeploy.release table reports/releases/*.json
+	@$(TOOLS)/bin/python -m glmdeploy.release table reports/releases/*.json
 
 driver: tools ## Install the pinned NVIDIA driver on INVENTORY's nodes (held; reboots a node only when the driver changed)
 	$(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/driver.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
@@ -152,7 +162,7 @@ smoke: tools ## Run the smoke suite on every node of INVENTORY; reports land in 
 	ansible-playbook -i $(INVENTORY) playbooks/smoke.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 
 bench: tools ## Benchmark this node's server (or URL=... MODEL=...); JSON + PNG plots in reports/bench/ (BENCH_ARGS=...)
-	PYTHONPATH=service $(TOOLS)/bin/python -m glmdeploy.bench run \
+	$(TOOLS)/bin/python -m glmdeploy.bench run \
 	  $(if $(URL),--url $(URL) --model $(MODEL),--node-config $(NODE_CONFIG)) \
 	  --json reports/bench/bench.json --plots reports/bench $(BENCH_ARGS)
 
@@ -163,7 +173,7 @@ verify: tools ## Smoke suite + fingerprint on every node of INVENTORY, then one 
 	rm -rf reports/smoke
 	@# The fleet table is printed even when a node's smoke suite failed: it names what drifted.
 	@rc=0; ansible-playbook -i $(INVENTORY) playbooks/smoke.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS) || rc=$$?; \
-	  PYTHONPATH=service $(TOOLS)/bin/python -m glmdeploy.fleet --reports reports/smoke --root . \
+	  $(TOOLS)/bin/python -m glmdeploy.fleet --reports reports/smoke --root . \
 	  --models $(ARTIFACTS)/models --out reports || rc=$$?; exit $$rc
 
 lint: tools ## ansible-lint (production profile), yamllint, ruff, mypy --strict on service/, playbook syntax check, role README tables up to date
@@ -175,8 +185,8 @@ lint: tools ## ansible-lint (production profile), yamllint, ruff, mypy --strict 
 	$(TOOLS)/bin/python tests/lint/role_docs.py --check
 	ruff format --check service smoke_tests tests constraints roles plugins library
 
-unit: tools $(REFENV)/.stamp fixture ## Unit tests of service/ and the lock tooling
-	PYTHONPATH=service $(REFENV)/bin/python -m pytest -q -rs -p no:cacheprovider tests/unit $(PYTEST_ARGS)
+unit: tools $(REFENV_READY) fixture ## Unit tests of service/ and the lock tooling
+	$(REFENV)/bin/python -m pytest -q -rs -p no:cacheprovider tests/unit $(PYTEST_ARGS)
 
 e2e: tools ## End-to-end: real make deploy here, API + headless-browser chat, broken-setup cases, undeploy
 	rm -rf reports/e2e-logs
@@ -224,8 +234,8 @@ hosts-down: tools ## Destroy every test host and the controller-side apt proxy
 hosts-status: tools ## List the test hosts
 	$(HOSTCTL) status
 
-tokenizer-lock: $(REFENV)/.stamp model ## Record the tokenizer golden file of PROFILE's model with the pinned reference stack
-	PYTHONPATH=service $(REFENV)/bin/python -m glmdeploy.golden record $(MODEL_DIR) \
+tokenizer-lock: $(REFENV_READY) model ## Record the tokenizer golden file of PROFILE's model with the pinned reference stack
+	$(REFENV)/bin/python -m glmdeploy.golden record $(MODEL_DIR) \
 	  $(if $(shell grep -qs "\"auto_map\"" $(MODEL_DIR)/config.json && echo yes),--trust-remote-code) --output smoke_tests/golden/$(notdir $(MODEL_DIR)).json
 
 clean: ## Remove tool venvs and reports (keeps downloaded artifacts/)
