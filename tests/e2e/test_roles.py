@@ -3,14 +3,28 @@
 The whole site playbook has its own scenario in test_fleet.py; here each role
 is converged alone (with only what it needs), so a role that is not
 idempotent, renders a bad unit or leaves a service stopped fails on its own.
-The hosts are created together, one per scenario, and destroyed together. The
-driver scenario (mostly package downloads and unpacking) runs in the background
-on its own host while the others run, and is checked last.
+
+A scenario is a directory of tests/scenarios/ with Molecule's playbooks:
+converge.yml (the role), verify.yml (asserts the state the role leaves, with
+Ansible modules), and where needed prepare.yml (the node the role expects,
+run once before the first converge) and side_effect.yml (a change between
+two converges). `scenario(name)` runs Molecule's sequence against the
+scenario's own host: syntax-check of every playbook, prepare, converge,
+idempotence (a second converge reports changed=0), verify; then, with a
+side_effect.yml, side effect, converge, idempotence and verify again.
+Scenarios whose sequence needs the test's context (the occupied port, the
+driver's versions) call the same steps one by one.
+
+The hosts are created together, one per scenario, and destroyed together;
+each test uses only its own host, so the tests pass in any order and alone.
+The driver scenario (mostly package downloads and unpacking) runs in the
+background on its own host while the others run, and is checked last.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,23 +37,30 @@ import hostctl
 
 SCENARIOS = ROOT / "tests" / "scenarios"
 KEY = hostctl.STATE / "id_ed25519"
+# One fresh host per scenario (`make hosts N=<len>` names them testhost1..N).
 HOSTS = {
     "node_base": "testhost1",
     "model": "testhost2",
     "service_unit": "testhost3",
     "preflight_port": "testhost4",
     "nvidia_driver": "testhost5",
+    "undeploy": "testhost6",
+    "place_bundle": "testhost7",
 }
+# Molecule's playbooks, in the order a scenario uses them.
+PLAYBOOKS = ("prepare", "converge", "side_effect", "verify")
 OLD_DRIVER, NEW_DRIVER = "535.261.03-1", "535.309.01-0+deb12u1"  # Debian 12 bookworm / bookworm-security
 
 
-def playbook(scenario: str, *extra: str) -> subprocess.CompletedProcess[str]:
+def ansible(name: str, playbook: str | list[str], *extra: str) -> subprocess.CompletedProcess[str]:
+    """ansible-playbook tests/scenarios/<name>/<playbook>.yml against the scenario's host alone."""
+    playbooks = [playbook] if isinstance(playbook, str) else playbook
     return subprocess.run(
         [
             str(ROOT / ".venv/tools/bin/ansible-playbook"),
             "-i",
-            str(hostctl.STATE / f"inventory-{scenario}.ini"),
-            str(SCENARIOS / scenario / "converge.yml"),
+            str(hostctl.STATE / f"inventory-{name}.ini"),
+            *(str(SCENARIOS / name / f"{p}.yml") for p in playbooks),
             "-e",
             "glmdeploy_control_dir=" + str(ROOT),
             # The scenarios exercise the roles as the cpu profile uses them (site.yml reads it per node).
@@ -59,60 +80,113 @@ def playbook(scenario: str, *extra: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def tail(run: subprocess.CompletedProcess[str]) -> str:
+    return run.stdout[-3000:] + run.stderr[-2000:]
+
+
 def changed(output: str) -> int:
     match = re.search(r"^testhost\d+\s*:\s*ok=\d+\s+changed=(\d+)", output, re.M)
     assert match, output[-2000:]
     return int(match.group(1))
 
 
-def on_host(scenario: str, command: str) -> str:
-    return hostctl.ssh(HOSTS[scenario], KEY, command).stdout
+def changed_tasks(output: str) -> list[str]:
+    """The banners of the tasks that reported a change."""
+    tasks, task = [], ""
+    for line in output.splitlines():
+        if line.startswith("TASK ["):
+            task = line.split("]", 1)[0] + "]"
+        elif line.startswith("changed: ["):
+            tasks.append(task)
+    return tasks
+
+
+def step(name: str, playbook: str | list[str], what: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    run = ansible(name, playbook, *extra)
+    assert run.returncode == 0, f"{name}: {what} failed (rc={run.returncode}):\n{tail(run)}"
+    return run
+
+
+def syntax(name: str, *extra: str) -> None:
+    """Every playbook the scenario has, in one ansible-playbook run."""
+    playbooks = [p for p in PLAYBOOKS if (SCENARIOS / name / f"{p}.yml").exists()]
+    step(name, playbooks, "syntax check", "--syntax-check", *extra)
+
+
+def converge(name: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return step(name, "converge", "converge", *extra)
+
+
+def idempotence(name: str, *extra: str) -> None:
+    run = step(name, "converge", "second converge", *extra)
+    assert changed(run.stdout) == 0, f"{name} is not idempotent: {changed_tasks(run.stdout)}\n{tail(run)}"
+
+
+def verify(name: str, *extra: str) -> None:
+    step(name, "verify", "verify", *extra)
+
+
+def scenario(name: str, *extra: str) -> None:
+    """Molecule's test sequence for one scenario, on its own host (extra: ansible-playbook arguments)."""
+    syntax(name, *extra)
+    if (SCENARIOS / name / "prepare.yml").exists():
+        step(name, "prepare", "prepare", *extra)
+    converge(name, *extra)
+    idempotence(name, *extra)
+    verify(name, *extra)
+    if (SCENARIOS / name / "side_effect.yml").exists():
+        step(name, "side_effect", "side effect", *extra)
+        converge(name, *extra)
+        idempotence(name, *extra)
+        verify(name, *extra)
+
+
+def on_host(name: str, command: str) -> str:
+    return hostctl.ssh(HOSTS[name], KEY, command).stdout
 
 
 def write_inventories() -> None:
     """One inventory per scenario, each naming only that scenario's host."""
     base = (hostctl.STATE / "inventory.ini").read_text().split("\n[glmdeploy_lb]")[0]
-    for scenario, name in HOSTS.items():
-        text = re.sub(rf"^(?!{name} )testhost\d+ ansible_host=.*\n", "", base, flags=re.M)
-        (hostctl.STATE / f"inventory-{scenario}.ini").write_text(text)
+    for name, host in HOSTS.items():
+        text = re.sub(rf"^(?!{host} )testhost\d+ ansible_host=.*\n", "", base, flags=re.M)
+        (hostctl.STATE / f"inventory-{name}.ini").write_text(text)
 
 
-def driver_state() -> tuple[str, list[str]]:
-    out = on_host("nvidia_driver", "dpkg-query -W -f '${Version}' nvidia-kernel-dkms; echo; apt-mark showhold").split()
-    return out[0], out[1:]
-
-
-def driver_sequence() -> dict[str, object]:
-    """The driver scenario's steps, run in order on its own host; the test checks them afterwards."""
+def driver_scenario() -> None:
+    """The driver's sequence across two versions, on its own host; raises at the first step that fails."""
+    name = "nvidia_driver"
     old = ("-e", "nvidia_driver_gpu_present=false", "-e", f"nvidia_driver_version={OLD_DRIVER}")
     new = ("-e", "nvidia_driver_gpu_present=false", "-e", f"nvidia_driver_version={NEW_DRIVER}")
-    steps: dict[str, object] = {"refused": playbook("nvidia_driver")}
-    steps["syntax"] = playbook("nvidia_driver", "--syntax-check")
-    steps["first"] = playbook("nvidia_driver", *old)
-    steps["second"] = playbook("nvidia_driver", *old)
-    steps["state_old"] = driver_state()
-    steps["config"] = on_host(
-        "nvidia_driver",
-        "grep -x 'blacklist nouveau' /etc/modprobe.d/glmdeploy-blacklist-nouveau.conf; "
-        "systemctl is-enabled nvidia-persistenced; grep '^Pin:' /etc/apt/preferences.d/glmdeploy-nvidia.pref",
-    )
-    steps["dry"] = playbook("nvidia_driver", *old, "--check")
-    steps["silent"] = playbook("nvidia_driver", *new)
-    steps["state_after_silent"] = driver_state()
-    steps["upgrade"] = playbook("nvidia_driver", *new, "-e", "nvidia_driver_upgrade=true")
-    steps["state_new"] = driver_state()
-    steps["again"] = playbook("nvidia_driver", *new)
-    return steps
+    syntax(name)
+    refused = ansible(name, "converge")
+    assert refused.returncode != 0 and "has no NVIDIA PCI device" in refused.stdout, tail(refused)
+    assert "nvidia_driver_gpu_present: false" in refused.stdout
+    converge(name, *old)
+    idempotence(name, *old)
+    verify(name, "-e", f"nvidia_driver_expected_version={OLD_DRIVER}")
+    dry = step(name, "converge", "converge in check mode", *old, "--check")
+    assert changed(dry.stdout) == 0, f"check mode reports changes: {changed_tasks(dry.stdout)}\n{tail(dry)}"
+    silent = ansible(name, "converge", *new)
+    assert silent.returncode != 0 and "make driver-upgrade" in silent.stdout, tail(silent)
+    # The held driver is still the old one (the pin was already rewritten: only the packages are checked).
+    verify(name, "-e", f"nvidia_driver_expected_version={OLD_DRIVER}", "--tags", "packages")
+    upgrade = converge(name, *new, "-e", "nvidia_driver_upgrade=true")
+    assert "held broken packages" not in upgrade.stdout
+    verify(name, "-e", f"nvidia_driver_expected_version={NEW_DRIVER}")
+    idempotence(name, *new)
 
 
 @pytest.fixture(scope="module")
-def hosts():
+def hosts(request: pytest.FixtureRequest):
     """A fresh host per scenario, created together (create ... destroy)."""
     created = make("hosts", f"N={len(HOSTS)}")
     assert created.returncode == 0
     write_inventories()
     pool = ThreadPoolExecutor(max_workers=1)
-    driver = pool.submit(driver_sequence)
+    # The driver's sequence starts at once (it takes longest), unless its test was deselected.
+    wanted = any(item.name == "test_nvidia_driver_scenario" for item in request.session.items)
+    driver = pool.submit(driver_scenario) if wanted else None
     try:
         yield {"driver": driver}
     finally:
@@ -120,85 +194,46 @@ def hosts():
         make("hosts-down")
 
 
-def converge_twice(scenario: str, *extra: str) -> None:
-    syntax = playbook(scenario, "--syntax-check")
-    assert syntax.returncode == 0, syntax.stdout + syntax.stderr
-    first = playbook(scenario, *extra)
-    assert first.returncode == 0, first.stdout[-3000:]
-    second = playbook(scenario, *extra)
-    assert second.returncode == 0 and changed(second.stdout) == 0, (
-        f"{scenario} is not idempotent:\n{second.stdout[-3000:]}"
-    )
-
-
 def test_node_base_scenario(hosts):
-    converge_twice("node_base")
-    home = on_host("node_base", "getent passwd glmdeploy | cut -d: -f6,7").strip()
-    assert home == "/var/lib/glmdeploy:/usr/sbin/nologin"
-    assert on_host("node_base", "stat -c '%U %a' /var/lib/glmdeploy/cache /opt/glmdeploy").split() == [
-        "glmdeploy",
-        "750",
-        "root",
-        "755",
-    ]
+    scenario("node_base")
 
 
 def test_model_scenario(hosts):
-    converge_twice("model")
-    out = on_host(
-        "model",
-        "cd /opt/glmdeploy/models/chatglm3-fixture-* && stat -c '%U:%G %a' * | sort -u; "
-        "sha256sum --check --quiet SHA256SUMS && echo OK",
-    )
-    assert out.split() == ["root:root", "444", "OK"]
+    # The fixture model the cpu profile places (a no-op when `make unit` or a deploy made it already).
+    assert make("fixture").returncode == 0
+    scenario("model")
 
 
 def test_service_unit_scenario(hosts):
-    converge_twice("service_unit")
-    out = on_host(
-        "service_unit",
-        "systemctl is-active glmdeploy-scenario_http; "
-        "ps -o user= -p $(systemctl show -p MainPID --value glmdeploy-scenario_http); "
-        "systemd-analyze verify /etc/systemd/system/glmdeploy-scenario_http.service 2>&1; echo rc=$?",
-    )
-    assert out.split() == ["active", "scenario", "rc=0"], out
+    scenario("service_unit")
+
+
+def test_undeploy_scenario(hosts):
+    """node_base and a kit service under systemd (prepare.yml), then undeploy: nothing of the kit is left."""
+    scenario("undeploy")
+
+
+def test_glmdeploy_place_bundle_scenario(hosts, tmp_path):
+    """A small tree placed as one archive; a changed source replaces the placed tree whole."""
+    # side_effect.yml changes the source: a copy of the committed tree.
+    src = shutil.copytree(SCENARIOS / "place_bundle" / "tree", tmp_path / "tree")
+    scenario("place_bundle", "-e", f"scenario_bundle_src={src}")
 
 
 def test_preflight_names_an_occupied_port_and_changes_nothing(hosts):
-    on_host("preflight_port", "systemd-run --unit squatter python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null")
+    name = "preflight_port"
+    syntax(name)
+    # Prepare (the test's own): another process holds port 8000 before the kit arrives.
+    on_host(name, "systemd-run --unit squatter python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null")
     listening = "python3 -c \"import socket; socket.create_connection(('127.0.0.1', 8000), 1)\""
-    on_host("preflight_port", f"for _ in $(seq 100); do {listening} 2>/dev/null && break; sleep 0.1; done")
-    result = playbook("preflight_port")
-    assert result.returncode != 0
-    assert "port 8000 is already in use by PID" in result.stdout and "fix:" in result.stdout
-    assert on_host("preflight_port", "test -e /opt/glmdeploy && echo touched || echo untouched").strip() == "untouched"
+    on_host(name, f"for _ in $(seq 100); do {listening} 2>/dev/null && break; sleep 0.1; done")
+    result = ansible(name, "converge")
+    assert result.returncode != 0, tail(result)
+    assert "port 8000 is already in use by PID" in result.stdout and "fix:" in result.stdout, tail(result)
+    verify(name)
 
 
 def test_nvidia_driver_scenario(hosts):
     """Debian's 535 driver for real on a GPU-less host: pinned, held, idempotent, upgraded only on request."""
     driver: Future = hosts["driver"]
-    steps = driver.result(timeout=1200)
-    refused = steps["refused"]
-    assert refused.returncode != 0 and "has no NVIDIA PCI device" in refused.stdout, refused.stdout[-2000:]
-    assert "nvidia_driver_gpu_present: false" in refused.stdout
-    assert steps["syntax"].returncode == 0, steps["syntax"].stdout + steps["syntax"].stderr
-    assert steps["first"].returncode == 0, steps["first"].stdout[-3000:]
-    second = steps["second"]
-    assert second.returncode == 0 and changed(second.stdout) == 0, f"not idempotent:\n{second.stdout[-3000:]}"
-    version, held = steps["state_old"]
-    assert version == OLD_DRIVER
-    assert {"nvidia-kernel-dkms", "nvidia-smi", "libnvidia-ml1", "libcuda1", "firmware-nvidia-gsp"} <= set(held)
-    assert steps["config"].split() == ["blacklist", "nouveau", "enabled", "Pin:", "version", OLD_DRIVER]
-    dry = steps["dry"]
-    assert dry.returncode == 0 and changed(dry.stdout) == 0, dry.stdout[-3000:]
-
-    silent = steps["silent"]
-    assert silent.returncode != 0 and "make driver-upgrade" in silent.stdout, silent.stdout[-2000:]
-    assert steps["state_after_silent"][0] == OLD_DRIVER, "a held driver changed without the upgrade path"
-    upgrade = steps["upgrade"]
-    assert upgrade.returncode == 0, upgrade.stdout[-3000:]
-    assert "held broken packages" not in upgrade.stdout
-    version, held = steps["state_new"]
-    assert version == NEW_DRIVER and "nvidia-kernel-dkms" in held
-    again = steps["again"]
-    assert again.returncode == 0 and changed(again.stdout) == 0, again.stdout[-3000:]
+    driver.result(timeout=1500)
