@@ -169,8 +169,9 @@ def driver_scenario() -> None:
     assert changed(dry.stdout) == 0, f"check mode reports changes: {changed_tasks(dry.stdout)}\n{tail(dry)}"
     silent = ansible(name, "converge", *new)
     assert silent.returncode != 0 and "make driver-upgrade" in silent.stdout, tail(silent)
-    # The held driver is still the old one (the pin was already rewritten: only the packages are checked).
-    verify(name, "-e", f"nvidia_driver_expected_version={OLD_DRIVER}", "--tags", "packages")
+    assert changed(silent.stdout) == 0, f"the refused upgrade changed the node: {changed_tasks(silent.stdout)}"
+    # Refused before the pin is rewritten: the whole state is still the old driver's.
+    verify(name, "-e", f"nvidia_driver_expected_version={OLD_DRIVER}")
     upgrade = converge(name, *new, "-e", "nvidia_driver_upgrade=true")
     assert "held broken packages" not in upgrade.stdout
     verify(name, "-e", f"nvidia_driver_expected_version={NEW_DRIVER}")
