@@ -48,14 +48,19 @@ def this_run() -> dict[str, Any]:
         command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         command = "ansible-playbook"
-    host, boot, ticks = socket.gethostname(), _boot_id(), _start_ticks(pid)
+    return record(pid, socket.gethostname(), command, time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+
+
+def record(pid: int, host: str, command: str, since: str) -> dict[str, Any]:
+    """A holder's record: the process (PID and start time, this boot) on a control node, and its command."""
+    boot, ticks = _boot_id(), _start_ticks(pid)
     return {
         "id": f"{host}:{boot[:8]}:{pid}:{ticks}",
         "control_host": host,
         "boot_id": boot,
         "pid": pid,
         "start_ticks": ticks,
-        "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "since": since,
         "command": command,
     }
 

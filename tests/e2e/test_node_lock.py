@@ -9,6 +9,7 @@ full-deploy case (two deploys from two inventories at once) is in test_deploy.py
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -20,22 +21,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS_BIN = Path(sys.executable).parent
+# The action plugin's own record builder (Ansible loads the file by path; so does this test).
+_spec = importlib.util.spec_from_file_location("node_lock", ROOT / "plugins" / "action" / "glmdeploy_node_lock.py")
+assert _spec and _spec.loader
+node_lock = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(node_lock)
 
 
 def _record(pid: int, host: str | None = None, command: str = "ansible-playbook other.yml") -> dict:
-    stat = Path(f"/proc/{pid}/stat").read_text() if Path(f"/proc/{pid}").exists() else ") x " + "0 " * 20
-    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    ticks = stat.rsplit(")", 1)[1].split()[19]
-    host = host or socket.gethostname()
-    return {
-        "id": f"{host}:{boot[:8]}:{pid}:{ticks}",
-        "control_host": host,
-        "boot_id": boot,
-        "pid": pid,
-        "start_ticks": ticks,
-        "since": "2026-12-02 10:00:00 UTC",
-        "command": command,
-    }
+    """Another run's record, as the plugin writes it (a gone PID keeps the start time it had: none)."""
+    return node_lock.record(pid, host or socket.gethostname(), command, "2026-12-02 10:00:00 UTC")
 
 
 @pytest.fixture
@@ -43,10 +38,9 @@ def lock(tmp_path: Path) -> Path:
     return tmp_path / "state" / "deploy.lock"
 
 
-def _playbook(tmp_path: Path, lock: Path, wait: int = 0, takeover: str = "", check: bool = False):
-    """Run lock -> record what the run saw -> unlock; returns (process, the lock file as the work saw it)."""
-    seen = tmp_path / "seen.json"
-    book = tmp_path / "book.yml"
+def _book(tmp_path: Path, lock: Path, wait: int, takeover: str, work: str = "") -> Path:
+    """A playbook that takes the lock the kit's way, does `work` (task lines), and releases it in `always`."""
+    book = tmp_path / f"book-{wait}.yml"
     book.write_text(
         f"""
 - hosts: localhost
@@ -59,13 +53,21 @@ def _playbook(tmp_path: Path, lock: Path, wait: int = 0, takeover: str = "", che
   tasks:
     - block:
         - ansible.builtin.import_tasks: {ROOT}/playbooks/tasks/lock.yml
-        - name: What the run's work sees
-          ansible.builtin.shell: cat {lock} > {seen} 2>/dev/null || echo null > {seen}
-          check_mode: false
+{work}
       always:
         - ansible.builtin.import_tasks: {ROOT}/playbooks/tasks/unlock.yml
 """
     )
+    return book
+
+
+def _playbook(tmp_path: Path, lock: Path, wait: int = 0, takeover: str = "", check: bool = False):
+    """Run lock -> record what the run saw -> unlock; returns (process, the lock file as the work saw it)."""
+    seen = tmp_path / "seen.json"
+    work = f"""        - name: What the run's work sees
+          ansible.builtin.shell: cat {lock} > {seen} 2>/dev/null || echo null > {seen}
+          check_mode: false"""
+    book = _book(tmp_path, lock, wait, takeover, work)
     cmd = [str(TOOLS_BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local", str(book)]
     proc = subprocess.run(
         [*cmd, *(["--check"] if check else [])], capture_output=True, text=True, env=_env(), timeout=300, check=False
@@ -77,7 +79,7 @@ def _playbook(tmp_path: Path, lock: Path, wait: int = 0, takeover: str = "", che
 def test_a_run_holds_the_lock_for_its_work_and_releases_it(tmp_path: Path, lock: Path) -> None:
     proc, held = _playbook(tmp_path, lock)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert held is not None and str(tmp_path / "book.yml") in held["command"], f"not held by this run: {held}"
+    assert held is not None and str(tmp_path / "book-0.yml") in held["command"], f"not held by this run: {held}"
     assert not lock.exists(), "the run left its lock behind"
 
 
@@ -115,23 +117,7 @@ def test_a_waiting_run_goes_ahead_when_the_holder_finishes(tmp_path: Path, lock:
 
 def _start_waiting(tmp_path: Path, lock: Path) -> tuple[subprocess.Popen[str], str]:
     """A run allowed to wait 120 s, returned once it says it is waiting (with what it said)."""
-    book = tmp_path / "wait.yml"
-    book.write_text(
-        f"""
-- hosts: localhost
-  gather_facts: false
-  vars:
-    ansible_python_interpreter: "{{{{ ansible_playbook_python }}}}"
-    glmdeploy_node_lock_path: {lock}
-    glmdeploy_node_lock_wait: 120
-    glmdeploy_node_lock_takeover: ""
-  tasks:
-    - block:
-        - ansible.builtin.import_tasks: {ROOT}/playbooks/tasks/lock.yml
-      always:
-        - ansible.builtin.import_tasks: {ROOT}/playbooks/tasks/unlock.yml
-"""
-    )
+    book = _book(tmp_path, lock, 120, "")
     cmd = [str(TOOLS_BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local", str(book)]
     run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
     assert run.stdout is not None
