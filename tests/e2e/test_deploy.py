@@ -375,7 +375,7 @@ BAD_INPUT = {
     "zero context length": ("vllm_server_max_model_len=0", ["vllm_server_max_model_len=0", "above 0"]),
     "listen address the node lacks": (
         "vllm_server_host=198.51.100.7",
-        ["vllm_server_host=198.51.100.7", "the node has no such address"],
+        ["vllm_server_host=198.51.100.7: 198.51.100.7 is not an address of this node"],
     ),
     "not enough disk": ("preflight_disk_headroom_mib=1000000000", ["not enough disk space on localhost", "GiB free"]),
     "unsupported operating system": (
