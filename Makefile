@@ -41,8 +41,8 @@ ARTIFACT_PORT ?= 0
 LOCK_WAIT ?= 0
 # ... and the same wait for each node's own lock (the playbooks read it: glmdeploy_node_lock_wait).
 export GLMDEPLOY_LOCK_WAIT := $(LOCK_WAIT)
-RUN_LOCKED = $(TOOLS)/bin/python -m glmdeploy.runlock --inventory $(INVENTORY) --wait $(LOCK_WAIT) --
-SERVE_ARTIFACTS = $(RUN_LOCKED) $(TOOLS)/bin/python -m glmdeploy.artifact_server \
+RUN_LOCKED = $(TOOLS)/bin/python -m glmdeploy_control.runlock --inventory $(INVENTORY) --wait $(LOCK_WAIT) --
+SERVE_ARTIFACTS = $(RUN_LOCKED) $(TOOLS)/bin/python -m glmdeploy_control.artifact_server \
   --root $(ARTIFACTS) --inventory $(INVENTORY) --port $(ARTIFACT_PORT) --
 
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
@@ -68,9 +68,10 @@ $(TOOLS)/.stamp: constraints/tools-py311.txt
 	@$(TOOLS)/bin/pip install -q --no-deps --require-hashes --only-binary=:all: -r constraints/tools-py311.txt
 	@touch $@
 
-# The tool venvs use this checkout's own package (service/glmdeploy) through a .pth file, the
-# file an editable install writes for this layout: `python -m glmdeploy.<module>` works with no
-# PYTHONPATH, and no build backend joins the hash-locked tool set.
+# The tool venvs use this checkout's own packages (service/glmdeploy, service/glmdeploy_control)
+# through a .pth file, the file an editable install writes for this layout: `python -m
+# glmdeploy.<module>` works with nothing set in the environment. Nodes get the wheel instead
+# (roles/python_env, tasks/kit.yml).
 CHECKOUT_PTH := lib/python3.11/site-packages/glmdeploy-checkout.pth
 $(TOOLS)/$(CHECKOUT_PTH): $(TOOLS)/.stamp
 	@echo "$(CURDIR)/service" > $@
@@ -95,14 +96,14 @@ lock-check: tools ## Fail if a committed lock differs from a fresh resolve
 wheelhouse: tools ## Download the wheels of PROFILE's lock once, on the control node, and verify them
 	$(TOOLS)/bin/python constraints/lock.py wheelhouse --profile $(PROFILE) --python $(subst 3,3.,$(NODE_PY)) --dest $(WHEELHOUSE) --cache "$(WHEEL_CACHE)"
 
-$(FIXTURE)/SHA256SUMS: $(REFENV_READY) service/glmdeploy/fixture.py service/glmdeploy/chatglm3.py $(wildcard service/glmdeploy/fixture_files/*.py)
-	@$(REFENV)/bin/python -m glmdeploy.fixture $(FIXTURE)
+$(FIXTURE)/SHA256SUMS: $(REFENV_READY) service/glmdeploy_control/fixture.py service/glmdeploy/chatglm3.py $(wildcard service/glmdeploy_control/fixture_files/*.py)
+	@$(REFENV)/bin/python -m glmdeploy_control.fixture $(FIXTURE)
 
 fixture: $(FIXTURE)/SHA256SUMS ## Generate the tiny ChatGLM3-architecture fixture model (deterministic)
 
 REHEARSAL_MODEL := $(ARTIFACTS)/models/chatglm3-rehearsal
-$(REHEARSAL_MODEL)/SHA256SUMS: $(REFENV_READY) service/glmdeploy/fixture.py service/glmdeploy/chatglm3.py $(wildcard service/glmdeploy/fixture_files/*.py)
-	@$(REFENV)/bin/python -m glmdeploy.fixture --full-size $(REHEARSAL_MODEL)
+$(REHEARSAL_MODEL)/SHA256SUMS: $(REFENV_READY) service/glmdeploy_control/fixture.py service/glmdeploy/chatglm3.py $(wildcard service/glmdeploy_control/fixture_files/*.py)
+	@$(REFENV)/bin/python -m glmdeploy_control.fixture --full-size $(REHEARSAL_MODEL)
 
 rehearsal-model: $(REHEARSAL_MODEL)/SHA256SUMS ## The fixture at ChatGLM3-6B-32k's full sizes, no weights: the gpu-cu121 rehearsal's model (docs/rehearsal.md)
 
@@ -112,7 +113,7 @@ model: $(if $(filter cpu,$(PROFILE)),fixture) ## The model PROFILE serves on the
 weights: PROFILE = gpu-cu121
 weights: $(REFENV_READY) ## Stage the real model once (control node with internet): REVISION=<40-hex commit>; MIRROR=url or FROM=dir instead of the hub
 	@test -n "$(REVISION)" || { echo "error: REVISION=<commit> is required (the model repo's 40-hex commit; a branch name moves)"; exit 2; }
-	$(REFENV)/bin/python -m glmdeploy.weights --revision "$(REVISION)" --dest $(MODEL_DIR) \
+	$(REFENV)/bin/python -m glmdeploy_control.weights --revision "$(REVISION)" --dest $(MODEL_DIR) \
 	  $(if $(MIRROR),--mirror $(MIRROR)) $(if $(FROM),--from $(FROM))
 
 # The playbook prepares the wheelhouse of every profile and Python the nodes need; the fixture
@@ -150,7 +151,7 @@ releases: tools ## Which release each node of INVENTORY runs, and which it would
 
 releases-table: ## Print the table of releases per node from reports/releases/ (after make releases)
 	@echo "==> releases per node (reports/releases/)"
-	@$(TOOLS)/bin/python -m glmdeploy.release table reports/releases/*.json
+	@$(TOOLS)/bin/python -m glmdeploy_control.releases reports/releases/*.json
 
 driver: tools ## Install the pinned NVIDIA driver on INVENTORY's nodes (held; reboots a node only when the driver changed)
 	$(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/driver.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
@@ -173,17 +174,17 @@ verify: tools ## Smoke suite + fingerprint on every node of INVENTORY, then one 
 	rm -rf reports/smoke
 	@# The fleet table is printed even when a node's smoke suite failed: it names what drifted.
 	@rc=0; ansible-playbook -i $(INVENTORY) playbooks/smoke.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS) || rc=$$?; \
-	  $(TOOLS)/bin/python -m glmdeploy.fleet --reports reports/smoke --root . \
+	  $(TOOLS)/bin/python -m glmdeploy_control.fleet --reports reports/smoke --root . \
 	  --models $(ARTIFACTS)/models --out reports || rc=$$?; exit $$rc
 
 lint: tools ## ansible-lint (production profile), yamllint, ruff, mypy --strict on service/, playbook syntax check, role README tables up to date
 	yamllint -s .
 	ansible-lint --profile production --strict playbooks roles tests/scenarios
 	ansible-playbook -i playbooks/localhost.ini --syntax-check playbooks/site.yml playbooks/undeploy.yml playbooks/smoke.yml playbooks/driver.yml playbooks/baseline.yml playbooks/lb.yml playbooks/rollout.yml playbooks/rollback.yml playbooks/releases.yml
-	ruff check service smoke_tests tests constraints roles plugins library
-	$(TOOLS)/bin/mypy --config-file service/pyproject.toml service/glmdeploy
+	ruff check service smoke_tests tests constraints roles plugins library module_utils
+	$(TOOLS)/bin/mypy --config-file service/pyproject.toml service/glmdeploy service/glmdeploy_control module_utils
 	$(TOOLS)/bin/python tests/lint/role_docs.py --check
-	ruff format --check service smoke_tests tests constraints roles plugins library
+	ruff format --check service smoke_tests tests constraints roles plugins library module_utils
 
 unit: tools $(REFENV_READY) fixture ## Unit tests of service/ and the lock tooling
 	$(REFENV)/bin/python -m pytest -q -rs -p no:cacheprovider tests/unit $(PYTEST_ARGS)

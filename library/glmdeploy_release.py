@@ -1,18 +1,17 @@
 #!/usr/bin/python
 """The node's releases through Ansible: status, switch, mark and prune, with check mode and diff.
 
-The logic is the kit's own ``glmdeploy.release`` (stdlib only, unit-tested), imported from the
-kit package placed on the node (``kit_dir``): this module only maps Ansible's parameters, check
-mode and diff onto it, so ``changed`` is what the node's links and marks really did (or would do).
+The logic is ``module_utils/glmdeploy_release.py`` (stdlib only, unit-tested), which Ansible ships
+with this module and runs under the node's system Python: a rollback works even when a release's
+environment is broken. This module only maps Ansible's parameters, check mode and diff onto it,
+so ``changed`` is what the node's links and marks really did (or would do).
 """
 
 from __future__ import annotations
 
-import importlib
-import sys
 from pathlib import Path
-from types import ModuleType
 
+from ansible.module_utils import glmdeploy_release as release
 from ansible.module_utils.basic import AnsibleModule
 
 DOCUMENTATION = r"""
@@ -20,7 +19,6 @@ module: glmdeploy_release
 short_description: Switch, mark, prune or read the node's releases (current/previous links)
 options:
   root: {description: the kit root on the node, type: path, required: true}
-  kit_dir: {description: directory holding the kit's glmdeploy package on the node, type: path, required: true}
   action: {description: what to do, type: str, required: true, choices: [status, switch, mark, prune]}
   to: {description: switch - the release id, or C(previous), type: str}
   previous: {description: switch - what C(previous) names afterwards (C(none) for nothing), type: str}
@@ -41,7 +39,7 @@ def _links(current: str | None, previous: str | None) -> str:
     return f"current -> {current or '(none)'}\nprevious -> {previous or '(none)'}\n"
 
 
-def run(module: AnsibleModule, release: ModuleType) -> dict:
+def run(module: AnsibleModule) -> dict:
     p, root, dry = module.params, Path(module.params["root"]), module.check_mode
     action = p["action"]
     if action == "status":
@@ -62,8 +60,6 @@ def run(module: AnsibleModule, release: ModuleType) -> dict:
             "changed": changed,
             "diff": {"before": "", "after": f"releases/{p['id']}/{p['state']}\n" if changed else ""},
         }
-    if p["keep"] < 1:
-        module.fail_json(msg="keep must be 1 or more: the current release is always kept")
     removed = release.prune(root, p["keep"], dry_run=dry)
     return {
         "changed": bool(removed),
@@ -76,7 +72,6 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "root": {"type": "path", "required": True},
-            "kit_dir": {"type": "path", "required": True},
             "action": {"type": "str", "required": True, "choices": ["status", "switch", "mark", "prune"]},
             "to": {"type": "str"},
             "previous": {"type": "str"},
@@ -87,13 +82,8 @@ def main() -> None:
         required_if=[("action", "switch", ["to"]), ("action", "mark", ["id", "state"])],
         supports_check_mode=True,
     )
-    sys.path.insert(0, module.params["kit_dir"])
     try:
-        release = importlib.import_module("glmdeploy.release")
-    except ImportError as exc:
-        module.fail_json(msg=f"the kit's package is not in {module.params['kit_dir']} ({exc}): deploy the node first")
-    try:
-        module.exit_json(**run(module, release))
+        module.exit_json(**run(module))
     except release.ReleaseError as exc:
         module.fail_json(msg=str(exc))
 

@@ -1,9 +1,10 @@
 #!/usr/bin/python
 """The engine's settings for the node's GPU class, as Ansible facts rather than parsed stdout.
 
-The rules are the kit's own ``glmdeploy.sizing`` from the release being built (``kit_dir``), run
-with the release's environment as the module's interpreter (NVML comes from it: nvidia-ml-py is
-in the GPU lock). Reads only: nothing on the node changes, in check mode or not.
+The rules are the kit's own ``glmdeploy.sizing``, imported from the release being built: the
+module runs with that release's environment as its interpreter, where the kit's wheel is
+installed (NVML comes from it too: nvidia-ml-py is in the GPU lock). Reads only: nothing on the
+node changes, in check mode or not.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ DOCUMENTATION = r"""
 module: glmdeploy_sizing
 short_description: vLLM settings for the node's GPU class (given, or detected through NVML)
 options:
-  kit_dir: {description: directory holding the kit's glmdeploy package on the node, type: path, required: true}
   gpu_class: {description: the class; empty to detect the node's first GPU, type: str, default: ""}
   tensor_parallel: {description: GPUs of the host serving one model, type: int, default: 1}
   setting: {description: the inventory setting that names the class (for the error), type: str, default: gpu_class}
@@ -33,7 +33,6 @@ vllm_args: {description: the engine arguments those settings give, type: list}
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
-            "kit_dir": {"type": "path", "required": True},
             "gpu_class": {"type": "str", "default": ""},
             "tensor_parallel": {"type": "int", "default": 1},
             "setting": {"type": "str", "default": "gpu_class"},
@@ -41,8 +40,10 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
-    sys.path.insert(0, p["kit_dir"])
-    sizing = importlib.import_module("glmdeploy.sizing")
+    try:
+        sizing = importlib.import_module("glmdeploy.sizing")
+    except ImportError as exc:
+        module.fail_json(msg=f"the kit's package is not installed for {sys.executable} ({exc}): deploy the node first")
     known = ", ".join(sizing.GPU_CLASSES)
     gpu_class = p["gpu_class"]
     if gpu_class and gpu_class not in sizing.GPU_CLASSES:

@@ -1,6 +1,6 @@
 """One kit run per node at a time: take the node's deploy lock, wait for it, or name who holds it.
 
-The control node's lock (``glmdeploy.runlock``) keeps two runs of one inventory apart; two
+The control node's lock (``glmdeploy_control.runlock``) keeps two runs of one inventory apart; two
 control nodes, or two inventories naming the same server, would still switch ``current`` under
 each other. This lock lives on the node (module ``glmdeploy_node_lock``) and names its holder:
 the control node, the PID and start time of its ``ansible-playbook`` process, and its command.

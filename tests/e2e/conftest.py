@@ -76,7 +76,7 @@ def service_pids() -> dict[str, int]:
     """PIDs of the kit's services, from supervisord or systemd."""
     pids = {}
     for name in ("vllm_server", "chat_ui"):
-        ctl = "/opt/glmdeploy/current/venv/bin/supervisorctl"
+        ctl = "/opt/glmdeploy/current/env/bin/supervisorctl"
         if Path(ctl).exists() and Path("/etc/glmdeploy/supervisord.conf").exists():
             out = subprocess.run(
                 [ctl, "-c", "/etc/glmdeploy/supervisord.conf", "pid", name], capture_output=True, text=True, check=False
@@ -131,7 +131,7 @@ def one_engine_left(before: list[dict], after: list[dict]) -> None:
     assert not left, f"processes of the killed server's run are still running: {left}"
     runs = {p["run"] for p in after if p["service"] == "vllm_server"}
     assert len(runs) == 1, f"more than one run of the model server: {after}"
-    unowned = [p for p in after if p["service"] is None and "glmdeploy.procguard" not in p["cmd"]]
+    unowned = [p for p in after if p["service"] is None and "glmdeploy-procguard" not in p["cmd"]]
     assert not unowned, f"service-user processes outside any service run: {unowned}"
     rss = [sum(p["rss_kb"] for p in procs if p["service"] == "vllm_server") for procs in (before, after)]
     assert rss[1] < 1.5 * rss[0], f"model server RSS {rss[1]} KiB after the restart, {rss[0]} KiB before"

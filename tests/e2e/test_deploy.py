@@ -23,7 +23,7 @@ import pytest
 from conftest import FIGURES, ROOT, http_json, make, one_engine_left, service_pids, service_user_processes
 
 sys.path.insert(0, str(ROOT / "service"))
-from glmdeploy import runlock, sse
+from glmdeploy_control import runlock, sse
 
 FIXTURE = ROOT / "artifacts" / "models" / "chatglm3-fixture"
 WHEELHOUSE = ROOT / "artifacts" / "wheelhouse" / "cpu-py311"
@@ -470,8 +470,8 @@ def test_service_memory_and_venv_size_are_reported(deployed):
         if proc["service"]:
             rss[proc["service"]] = rss.get(proc["service"], 0) + proc["rss_kb"] / 1024
     venv = subprocess.run(
-        # The release's venv is a link into envs/: du measures what it points to.
-        ["du", "-sm", str(Path("/opt/glmdeploy/current/venv").resolve())],
+        # The lock's environment (the release's `env` link into envs/): du measures what it points to.
+        ["du", "-sm", str(Path("/opt/glmdeploy/current/env").resolve())],
         capture_output=True,
         text=True,
         check=True,
@@ -525,7 +525,7 @@ def test_kill_9_of_the_api_server_leaves_no_orphaned_engine(deployed):
     start = time.monotonic()
     ready = subprocess.run(
         ["/opt/glmdeploy/current/venv/bin/python", "-m", "glmdeploy.ready", "--config", "/etc/glmdeploy/node.json"],
-        env=dict(os.environ, PYTHONPATH="/opt/glmdeploy/current/app", HF_HUB_OFFLINE="1"),
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
         capture_output=True,
         text=True,
         timeout=600,

@@ -198,8 +198,8 @@ def test_model_files_are_root_owned_read_only_and_match_the_manifest(fleet, host
 def test_a_generation_works_on_the_node(fleet, host):
     out = on_host(
         host,
-        "cd /tmp && PYTHONPATH=/opt/glmdeploy/current/app HF_HUB_OFFLINE=1 "
-        "/opt/glmdeploy/current/venv/bin/python -m glmdeploy.chat --max-tokens 16 hello",
+        # The installed package's entry point, as a user on the node runs it.
+        "cd /tmp && HF_HUB_OFFLINE=1 /opt/glmdeploy/current/venv/bin/glmdeploy-chat --max-tokens 16 hello",
     )
     assert out.returncode == 0, out.stderr
     reply = out.stdout.split("assistant> ", 1)[1].strip()
@@ -249,7 +249,6 @@ node = json.load(open('/etc/glmdeploy/node.json'))
 client = OpenAI(base_url=node['api_url'], api_key=node['api_key'] or 'none')
 messages = json.loads(sys.argv[1])
 reply = client.chat.completions.create(model=node['served_model_name'], messages=messages, max_tokens=4)
-sys.path.insert(0, '/opt/glmdeploy/current/app')
 from glmdeploy.prompt import PromptBuilder, load_tokenizer
 want = PromptBuilder.from_tokenizer(load_tokenizer(node['model_dir'], True)).chat_ids(messages)
 print(json.dumps({'prompt_tokens': reply.usage.prompt_tokens, 'want': want, 'text': reply.choices[0].message.content}))
@@ -291,8 +290,7 @@ def test_tensor_parallel_2_launcher_parses_on_vllm_043(fleet):
     """The kit's TP 2 arguments (glmdeploy.sizing) through 0.4.3's own parser and engine config."""
     sizing = on_host(
         GPU,
-        "PYTHONPATH=/opt/glmdeploy/current/app /opt/glmdeploy/current/venv/bin/python -m glmdeploy.sizing "
-        "show rtx-4090 --tensor-parallel 2 --json",
+        "/opt/glmdeploy/current/venv/bin/python -m glmdeploy.sizing show rtx-4090 --tensor-parallel 2 --json",
     )
     tp_args = " ".join(json.loads(sizing.stdout)["vllm_args"])
     out = on_host(
@@ -456,7 +454,11 @@ class Load:
 
 
 def releases_of(host: str) -> dict:
-    out = on_host(host, "PYTHONPATH=/opt/glmdeploy/current/app python3 -m glmdeploy.release status")
+    """The node's releases, read by the kit's release logic under the node's system Python, the way
+    the glmdeploy_release module runs it there (one ssh call; `make releases` is a whole play)."""
+    logic = (ROOT / "module_utils" / "glmdeploy_release.py").read_text()
+    script = f"{logic}\nprint(json.dumps(status(Path('/opt/glmdeploy'))))\n"
+    out = on_host(host, f"python3 - <<'PY'\n{script}PY")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -468,8 +470,7 @@ def drained_nodes() -> list[str]:
 def node_generates(host: str) -> bool:
     out = on_host(
         host,
-        "cd /tmp && PYTHONPATH=/opt/glmdeploy/current/app /opt/glmdeploy/current/venv/bin/python -m glmdeploy.ready "
-        "--config /etc/glmdeploy/node.json --timeout 300",
+        "cd /tmp && /opt/glmdeploy/current/venv/bin/glmdeploy-ready --config /etc/glmdeploy/node.json --timeout 300",
     )
     return out.returncode == 0
 
@@ -663,7 +664,7 @@ open(p, 'w').write(swapped)
 """,
     "testhost2": f"""
 import glob
-meta = glob.glob('/opt/glmdeploy/current/venv/lib/python3.*/site-packages/idna-*.dist-info/METADATA')[0]
+meta = glob.glob('/opt/glmdeploy/current/env/lib/python3.*/site-packages/idna-*.dist-info/METADATA')[0]
 text = open(meta).read()
 assert 'Version: {IDNA}\\n' in text
 open(meta, 'w').write(text.replace('Version: {IDNA}', 'Version: {IDNA}.post9', 1))
@@ -681,7 +682,7 @@ json.dump(c, open(p, 'w'), indent=2)
 }
 BACKUP = (
     "cd /opt/glmdeploy && tar -cf /root/drift-backup.tar $(realpath --relative-to=. current/model) "
-    "$(realpath --relative-to=. current/venv/lib/python3.*/site-packages/idna-*.dist-info)"
+    "$(realpath --relative-to=. current/env/lib/python3.*/site-packages/idna-*.dist-info)"
 )
 RESTORE = "cd /opt/glmdeploy && tar -xpf /root/drift-backup.tar && rm /root/drift-backup.tar"
 

@@ -3,7 +3,7 @@
 #
 # What runs there is NOT the gpu-cu121 lock (vLLM 0.4.3 / torch 2.3.0 cannot run on that image):
 # it is vLLM 0.26.0 on the machine's own torch 2.11.0+cu130, serving the ChatGLM3-6B-32k
-# architecture with random weights (`python -m glmdeploy.fixture --full-size`, vLLM
+# architecture with random weights (`python -m glmdeploy_control.fixture --full-size`, vLLM
 # `--load-format dummy`), started with the settings glmdeploy.sizing derives for the H200,
 # and measured through HTTP with the kit's own client (glmdeploy.bench) and smoke suite.
 #

@@ -191,7 +191,7 @@ def start_servers() -> None:
         ],
     )
     # Artifacts reach the hosts the way they reach any node: through the server `make deploy` runs
-    # for the length of the run (glmdeploy.artifact_server), not one started here.
+    # for the length of the run (glmdeploy_control.artifact_server), not one started here.
     wait_port(CONTROLLER, APT_PORT, 10, f"controller service on port {APT_PORT}")
 
 

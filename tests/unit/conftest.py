@@ -9,6 +9,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "constraints"))
+# The release logic is an Ansible module_utils (it runs on the node with the glmdeploy_release module).
+sys.path.insert(0, str(ROOT / "module_utils"))
 
 
 @pytest.fixture(scope="session")

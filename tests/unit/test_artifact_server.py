@@ -1,4 +1,4 @@
-"""glmdeploy.artifact_server: artifacts reach the nodes for one run, and only what nodes fetch."""
+"""glmdeploy_control.artifact_server: artifacts reach the nodes for one run, and only what nodes fetch."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from glmdeploy import artifact_server
+from glmdeploy_control import artifact_server
 
 # The command run under the server: fetches what a node would, and what it must not get.
 PROBE = textwrap.dedent(

@@ -1,4 +1,4 @@
-"""glmdeploy.bundle: one reproducible archive per tree, rewritten only when content changes."""
+"""glmdeploy_control.bundle: one reproducible archive per tree, rewritten only when content changes."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import os
 import tarfile
 
 import pytest
-
-from glmdeploy import bundle
+from glmdeploy_control import bundle
 
 
 def _tree(root):

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from glmdeploy_control.fixture import CONFIG, generate
 
 from glmdeploy import chatglm3
-from glmdeploy.fixture import CONFIG, generate
 from glmdeploy.manifest import read_manifest
 from glmdeploy.prompt import PromptBuilder, load_tokenizer
 

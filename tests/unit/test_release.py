@@ -1,4 +1,5 @@
-"""glmdeploy.release: atomic switch, rollback target, marks and pruning of releases and stores."""
+"""The release logic (module_utils/glmdeploy_release.py, run on the node by the glmdeploy_release
+module): atomic switch, rollback target, marks and pruning of releases and stores."""
 
 from __future__ import annotations
 
@@ -6,19 +7,30 @@ import json
 import os
 import time
 
+import glmdeploy_release as release  # module_utils/, on sys.path through conftest.py
 import pytest
+from glmdeploy_control.releases import table
 
-from glmdeploy import release
 
-
-def _release(root, rid, env="cpu-py311-aaa", model="fixture-111", kit="k1", state=None, age=0):
-    for store, name in (("envs", f"{env}/venv"), ("models", model), ("kits", f"{kit}/glmdeploy")):
+def _release(root, rid, env="cpu-py311-aaa", model="fixture-111", kit="k1", state=None, age=0, legacy=False):
+    """A release as roles/release builds it; ``legacy``: as releases made before the kit was a wheel
+    (venv -> the lock's environment, app -> kits/<digest> holding the package's files)."""
+    kit_dir = f"{kit}/glmdeploy" if legacy else f"{kit}/venv"
+    for store, name in (("envs", f"{env}/venv"), ("models", model), ("kits", kit_dir)):
         (root / store / name).mkdir(parents=True, exist_ok=True)
     path = root / "releases" / rid
     path.mkdir(parents=True)
-    os.symlink(f"../../envs/{env}/venv", path / "venv")
-    os.symlink(f"../../models/{model}", path / "model")
-    os.symlink(f"../../kits/{kit}", path / "app")
+    links = (
+        {"venv": f"../../envs/{env}/venv", "app": f"../../kits/{kit}"}
+        if legacy
+        else {
+            "venv": f"../../kits/{kit}/venv",
+            "env": f"../../envs/{env}/venv",
+        }
+    )
+    links["model"] = f"../../models/{model}"
+    for name, target in links.items():
+        os.symlink(target, path / name)
     (path / "release.json").write_text(json.dumps({"env": env, "model": model, "kit": kit}))
     stamp = time.time() - 1000 + age
     os.utime(path / "release.json", (stamp, stamp))
@@ -119,8 +131,32 @@ def test_prune_keeps_current_previous_and_newest_promoted_and_their_stores(tmp_p
     assert release.prune(tmp_path, keep=2) == [], "a second prune removed something"
 
 
+def test_prune_keeps_the_stores_of_releases_made_before_the_kit_was_a_wheel(tmp_path):
+    _release(tmp_path, "old", env="e1", model="m1", kit="k1", state="promoted", age=1, legacy=True)
+    _release(tmp_path, "new", env="e1", model="m1", kit="w2-e1", state="promoted", age=2)
+    _release(tmp_path, "gone", env="e9", model="m9", kit="w9-e9", state="failed", age=3)
+    release.switch(tmp_path, "old")
+    release.switch(tmp_path, "new")
+    removed = release.prune(tmp_path, keep=1)
+    assert sorted(removed) == ["envs/e9", "kits/w9-e9", "models/m9", "releases/gone"]
+    assert (tmp_path / "previous" / "app" / "glmdeploy").is_dir(), "the old release lost its kit"
+    assert (tmp_path / "current" / "venv").resolve() == (tmp_path / "kits" / "w2-e1" / "venv").resolve()
+
+
+def test_prune_refuses_to_keep_no_release(tmp_path):
+    _release(tmp_path, "r1", state="promoted")
+    with pytest.raises(release.ReleaseError, match="must be 1 or more"):
+        release.prune(tmp_path, keep=0)
+    assert (tmp_path / "releases" / "r1").is_dir()
+
+
+def test_switch_to_an_unknown_release_names_it(tmp_path):
+    with pytest.raises(release.ReleaseError, match="no release 'nope'"):
+        release.switch(tmp_path, "nope")
+
+
 def test_table_names_each_node_current_and_previous(tmp_path):
-    text = release.table(
+    text = table(
         {
             "node2": {"current": "r2", "previous": "r1", "releases": [{"id": "r1", "state": "promoted"}]},
             "node1": {"current": "r1", "previous": None, "releases": []},
@@ -128,12 +164,6 @@ def test_table_names_each_node_current_and_previous(tmp_path):
     )
     lines = text.splitlines()
     assert lines[1].split()[:3] == ["node1", "r1", "-"] and lines[2].split()[:3] == ["node2", "r2", "r1"]
-
-
-def test_cli_errors_name_the_problem_and_exit_2(tmp_path, capsys):
-    assert release.main(["--root", str(tmp_path), "switch", "--to", "nope"]) == 2
-    assert "no release 'nope'" in capsys.readouterr().err
-    assert release.main(["--root", str(tmp_path), "prune", "--keep", "0"]) == 2
 
 
 def _tree(root):

@@ -1,4 +1,4 @@
-"""glmdeploy.runlock: two runs on one inventory never overlap; the second names the first."""
+"""glmdeploy_control.runlock: two runs on one inventory never overlap; the second names the first."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ SERVICE = Path(__file__).resolve().parents[2] / "service"
 
 def locked(tmp_path: Path, inventory: Path, *command: str, wait: float = 0) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=str(SERVICE), GLMDEPLOY_LOCK_DIR=str(tmp_path / "locks"))
-    argv = [sys.executable, "-m", "glmdeploy.runlock", "--inventory", str(inventory), "--wait", str(wait), "--"]
+    argv = [sys.executable, "-m", "glmdeploy_control.runlock", "--inventory", str(inventory), "--wait", str(wait), "--"]
     return subprocess.Popen(
         [*argv, *command], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )

@@ -1,4 +1,4 @@
-"""glmdeploy.weights: a pinned commit staged whole and checked, or nothing changed."""
+"""glmdeploy_control.weights: a pinned commit staged whole and checked, or nothing changed."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import shutil
 import threading
 
 import pytest
+from glmdeploy_control import weights
 
-from glmdeploy import manifest, weights
+from glmdeploy import manifest
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

@@ -66,7 +66,7 @@ def write_if_changed(data: bytes, out: Path) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m glmdeploy.bundle",
+        prog="python -m glmdeploy_control.bundle",
         description="Pack files of a source tree into one reproducible tar (for one-transfer copies to nodes).",
     )
     parser.add_argument("src", type=Path, help="source directory")

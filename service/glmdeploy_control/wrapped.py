@@ -1,5 +1,5 @@
 """What the control node's wrappers share: `make deploy` runs ansible-playbook inside the run lock
-(glmdeploy.runlock) and the artifact server (glmdeploy.artifact_server), each of which runs the
+(glmdeploy_control.runlock) and the artifact server (glmdeploy_control.artifact_server), each of which runs the
 rest of its command line as a child and ends with the child's status."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ the API key included. This one:
   ``glmdeploy`` role's defaults); preflight checks every node reaches it before anything changes;
 - stops when the command ends, however it ends.
 
-Usage: ``python -m glmdeploy.artifact_server --root artifacts --inventory INV -- COMMAND [ARG...]``
+Usage: ``python -m glmdeploy_control.artifact_server --root artifacts --inventory INV -- COMMAND [ARG...]``
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from glmdeploy.wrapped import command_of, run_child, wrapper_parser
+from glmdeploy_control.wrapped import command_of, run_child, wrapper_parser
 
 URLS_VAR = "GLMDEPLOY_ARTIFACT_URLS"
 #: The only trees a node fetches over HTTP.
@@ -182,7 +182,7 @@ def run(root: Path, inventory: str, port: int, command: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = wrapper_parser(
-        "python -m glmdeploy.artifact_server",
+        "python -m glmdeploy_control.artifact_server",
         "Run COMMAND while the nodes of INVENTORY can fetch ROOT's wheelhouse/ and releases/ "
         "over HTTP from this machine; the server stops when COMMAND ends.",
     )

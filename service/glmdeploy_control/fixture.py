@@ -20,7 +20,7 @@ pass where the real model fails:
   English, Chinese, code, emoji and whitespace runs round-trip exactly (NFKC would
   fold full-width Chinese punctuation). Built as a `ModelProto` directly, no trainer.
 - `tokenization_chatglm.py` and `configuration_chatglm.py`: the kit's own code
-  (`glmdeploy/fixture_files/`), written to the real files' contract and named by
+  (`glmdeploy_control/fixture_files/`), written to the real files' contract and named by
   `auto_map` in tokenizer_config.json and config.json. The tokenizer appends the nine
   specials after the SentencePiece pieces (64789-64797), encodes text as plain
   SentencePiece (typed `<|user|>` stays text), prepends `[gMASK] sop`, builds chat
@@ -504,7 +504,7 @@ def generate(dest: Path, full_size: bool = False, fmt: str = "safetensors") -> N
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m glmdeploy.fixture",
+        prog="python -m glmdeploy_control.fixture",
         description="Generate the deterministic tiny ChatGLM3-architecture fixture model.",
     )
     parser.add_argument("dest", type=Path, help="directory to write (replaced atomically if present)")

@@ -128,7 +128,7 @@ def stage(args: argparse.Namespace) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m glmdeploy.weights",
+        prog="python -m glmdeploy_control.weights",
         description="Stage the real model's files for deploys: one pinned commit, checked, with a SHA256 manifest.",
     )
     parser.add_argument("--revision", required=True, help="40-hex commit of the model repo (a branch name is refused)")

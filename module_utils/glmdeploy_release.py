@@ -4,32 +4,37 @@ Layout under the kit root (``/opt/glmdeploy``)::
 
     envs/<profile>-py<XY>-<lock>/venv   Python environments, named by the lock they install
     models/<name>-<manifest>/           model files, named by their SHA256SUMS
-    kits/<digest>/glmdeploy/            the kit's own package, named by its archive's digest
-    releases/<id>/                      links to one of each + the rendered config (bin/, node.json)
-                                        + release.json; `promoted` once it passed its smoke tests,
-                                        `failed` when it did not
+    kits/<wheel>-<env>/venv             the kit's wheel installed over one environment, named by
+                                        the wheel's digest and the environment's name
+    releases/<id>/                      links to one of each (venv, env, model) + the rendered
+                                        config (bin/, node.json) + release.json; `promoted` once
+                                        it passed its smoke tests, `failed` when it did not
     current  -> releases/<id>           what the services run (units name only `current`)
     previous -> releases/<id>           where `rollback` returns to
 
 Why links and content-named stores: a switch is one rename(2), so a node is never half
 old and half new, and a rollback needs no rebuild, no wheelhouse and no network - the
-previous release is still on disk, whole. Everything here is stdlib: it must run with the
-node's system Python even when an environment is broken.
+previous release is still on disk, whole.
+
+Why this file is an Ansible module_utils and not part of the kit's wheel: it must run with the
+node's system Python even when an environment is broken, and the kit's Ansible module
+(``library/glmdeploy_release.py``) ships it to the node with itself, so that is where it runs.
+Stdlib only.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 STORES = ("envs", "models", "kits")
-LINKS = {"venv": "envs", "model": "models", "app": "kits"}
+# Release links that keep a store entry in use. `app` is the kit of releases made before the kit
+# was a wheel (kits/<digest>/glmdeploy): still honoured, so they stay whole until pruned.
+LINKS = ("venv", "env", "model", "app")
 
 
 class ReleaseError(RuntimeError):
@@ -139,10 +144,12 @@ def prune(root: Path, keep: int, dry_run: bool = False) -> list[str]:
     """Keep `current`, `previous` and the newest `keep` promoted releases; drop the rest and unused stores.
 
     ``dry_run``: what would be removed, nothing removed (Ansible's check mode)."""
+    if keep < 1:
+        raise ReleaseError(f"keep={keep}: must be 1 or more (the current release is always kept)")
     info = status(root)
     protected = {info["current"], info["previous"]}
     promoted = [row["id"] for row in info["releases"] if row["state"] == "promoted"]
-    protected.update(promoted[-keep:] if keep > 0 else [])
+    protected.update(promoted[-keep:])
     removed = []
     for row in info["releases"]:
         if row["id"] not in protected:
@@ -158,61 +165,9 @@ def prune(root: Path, keep: int, dry_run: bool = False) -> list[str]:
                 used.add(os.path.normpath(path / os.readlink(path / link)))
     for store in STORES:
         for entry in sorted((root / store).iterdir()) if (root / store).is_dir() else []:
-            inner = [entry / sub for sub in ("", "venv", "glmdeploy")]
-            if not any(os.path.normpath(p) in used for p in inner):
+            top = os.path.normpath(entry)
+            if not any(path == top or path.startswith(top + os.sep) for path in used):
                 if not dry_run:
                     shutil.rmtree(entry)
                 removed.append(f"{store}/{entry.name}")
     return removed
-
-
-def table(statuses: dict[str, dict[str, Any]]) -> str:
-    """One line per node: which release it runs and which it would roll back to."""
-    lines = [f"{'node':<16} {'current':<44} {'previous':<44} releases kept"]
-    for node, info in sorted(statuses.items()):
-        kept = ", ".join(f"{row['id']}({row['state']})" for row in info.get("releases", []))
-        lines.append(f"{node:<16} {info.get('current') or '-':<44} {info.get('previous') or '-':<44} {kept}")
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m glmdeploy.release", description=__doc__.splitlines()[0])
-    parser.add_argument("--root", default="/opt/glmdeploy", help="kit root on the node (default /opt/glmdeploy)")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("status", help="current, previous and every release kept (JSON)")
-    p = sub.add_parser("switch", help="make a release current (atomic link swap)")
-    p.add_argument("--to", required=True, help="release id, or `previous`")
-    p.add_argument("--previous", help="what `previous` names afterwards (default: the release that was current)")
-    p = sub.add_parser("mark", help="record a release as promoted or failed")
-    p.add_argument("--id", required=True)
-    p.add_argument("--state", choices=["promoted", "failed"], required=True)
-    p = sub.add_parser("prune", help="remove releases beyond the newest KEEP and stores nothing uses")
-    p.add_argument("--keep", type=int, default=2)
-    p = sub.add_parser("table", help="fleet table from per-node status JSON files")
-    p.add_argument("files", nargs="+", help="<node>.json files written by `status`")
-    args = parser.parse_args(argv)
-    root = Path(args.root)
-    try:
-        if args.command == "status":
-            result: object = status(root)
-        elif args.command == "switch":
-            result = switch(root, args.to, args.previous)
-        elif args.command == "mark":
-            result = {"changed": mark(root, args.id, args.state)}
-        elif args.command == "prune":
-            if args.keep < 1:
-                raise ReleaseError("--keep must be 1 or more: the current release is always kept")
-            removed = prune(root, args.keep)
-            result = {"changed": bool(removed), "removed": removed}
-        else:
-            print(table({Path(f).stem: json.loads(Path(f).read_text()) for f in args.files}))
-            return 0
-    except ReleaseError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(result, indent=2, sort_keys=True))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

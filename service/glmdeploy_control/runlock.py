@@ -6,7 +6,7 @@ inventory's real path, held by this process for the whole command: the kernel re
 holder exits however it exits (Ctrl-C, kill -9, a crash), so a lock is never left stale. The file
 also records who holds it (PID, start time, command) so the second run can name the first.
 
-Usage: ``python -m glmdeploy.runlock --inventory INV [--wait SECONDS] -- COMMAND [ARG...]``
+Usage: ``python -m glmdeploy_control.runlock --inventory INV [--wait SECONDS] -- COMMAND [ARG...]``
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from glmdeploy.wrapped import command_of, run_child, wrapper_parser
+from glmdeploy_control.wrapped import command_of, run_child, wrapper_parser
 
 LOCK_DIR = Path(os.environ.get("GLMDEPLOY_LOCK_DIR", "/run/lock" if os.access("/run/lock", os.W_OK) else "/tmp"))
 
@@ -86,7 +86,7 @@ def acquire(inventory: str, command: list[str], wait_s: float) -> IO[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = wrapper_parser(
-        "python -m glmdeploy.runlock",
+        "python -m glmdeploy_control.runlock",
         "Run COMMAND holding this control node's lock for INVENTORY: one deploy, rollout or "
         "rollback per inventory at a time.",
     )

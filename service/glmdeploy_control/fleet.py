@@ -148,7 +148,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m glmdeploy.fleet", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m glmdeploy_control.fleet", description=__doc__.splitlines()[0])
     parser.add_argument("--reports", type=Path, required=True, help="per-host report directories (reports/smoke)")
     parser.add_argument("--root", type=Path, required=True, help="the kit checkout (locks, golden files)")
     parser.add_argument("--models", type=Path, required=True, help="model directories on the control node")
