@@ -23,7 +23,9 @@ import pytest
 from conftest import FIGURES, ROOT, http_json, make, one_engine_left, service_pids, service_user_processes
 
 sys.path.insert(0, str(ROOT / "service"))
-from glmdeploy_control import runlock, sse
+from glmdeploy_control import runlock
+
+from glmdeploy import sse
 
 FIXTURE = ROOT / "artifacts" / "models" / "chatglm3-fixture"
 WHEELHOUSE = ROOT / "artifacts" / "wheelhouse" / "cpu-py311"
