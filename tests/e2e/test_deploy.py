@@ -13,7 +13,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -22,10 +21,8 @@ from pathlib import Path
 import pytest
 from conftest import FIGURES, ROOT, http_json, make, one_engine_left, service_pids, service_user_processes
 
-sys.path.insert(0, str(ROOT / "service"))
-from glmdeploy_control import runlock
-
 from glmdeploy import sse
+from glmdeploy_control import runlock
 
 FIXTURE = ROOT / "artifacts" / "models" / "chatglm3-fixture"
 WHEELHOUSE = ROOT / "artifacts" / "wheelhouse" / "cpu-py311"

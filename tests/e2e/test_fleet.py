@@ -32,7 +32,6 @@ import pytest
 from conftest import FIGURES, ROOT, SERVICE_USER_PROCESSES, make, one_engine_left
 
 sys.path.insert(0, str(ROOT / "tests" / "hosts"))
-sys.path.insert(0, str(ROOT / "service"))
 import hostctl
 
 from glmdeploy import sse

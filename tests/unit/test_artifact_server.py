@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from glmdeploy_control import artifact_server
 
 # The command run under the server: fetches what a node would, and what it must not get.

@@ -7,6 +7,7 @@ import os
 import tarfile
 
 import pytest
+
 from glmdeploy_control import bundle
 
 

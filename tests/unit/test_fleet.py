@@ -5,6 +5,7 @@ from pathlib import Path
 
 import lock  # constraints/lock.py
 import pytest
+
 from glmdeploy_control.fleet import build, main, markdown
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,6 +9,7 @@ import time
 
 import glmdeploy_release as release  # module_utils/, on sys.path through conftest.py
 import pytest
+
 from glmdeploy_control.releases import table
 
 

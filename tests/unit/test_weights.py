@@ -8,9 +8,9 @@ import shutil
 import threading
 
 import pytest
-from glmdeploy_control import weights
 
 from glmdeploy import manifest
+from glmdeploy_control import weights
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
