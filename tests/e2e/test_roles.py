@@ -46,6 +46,7 @@ HOSTS = {
     "nvidia_driver": "testhost5",
     "undeploy": "testhost6",
     "place_bundle": "testhost7",
+    "release": "testhost8",
 }
 # Molecule's playbooks, in the order a scenario uses them.
 PLAYBOOKS = ("prepare", "converge", "side_effect", "verify")
@@ -238,3 +239,21 @@ def test_nvidia_driver_scenario(hosts):
     """Debian's 535 driver for real on a GPU-less host: pinned, held, idempotent, upgraded only on request."""
     driver: Future = hosts["driver"]
     driver.result(timeout=1500)
+
+
+def test_release_scenario(hosts):
+    """A release from stand-in stores, switched and promoted; a second one keeps the first as
+    `previous`; check mode of a switch back reports it and changes nothing."""
+    name = "release"
+    syntax(name)
+    step(name, "prepare", "prepare")
+    converge(name)
+    idempotence(name)
+    verify(name)
+    second = ("-e", "scenario_text=two")
+    converge(name, *second)
+    idempotence(name, *second)
+    verify(name, *second, "-e", "scenario_previous=one")
+    back = step(name, "converge", "converge in check mode", "--check", "--diff")
+    assert "current -> " in back.stdout and changed(back.stdout) > 0, tail(back)
+    verify(name, *second, "-e", "scenario_previous=one")
