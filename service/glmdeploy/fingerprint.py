@@ -50,12 +50,20 @@ def _cuda() -> str:
     return "none"
 
 
+# The kit's own wheel, installed in every release's environment: not a package of the lock. Its
+# version and digest are in the release field (`kit ...`), which the fleet compares too.
+KIT_DISTRIBUTION = "glmdeploy"
+
+
 def installed_packages() -> dict[str, str]:
-    return {
+    """Every distribution this interpreter sees (the lock's and any intruder), the kit's own aside."""
+    found = {
         (dist.metadata["Name"] or "").lower().replace("_", "-"): dist.version
         for dist in metadata.distributions()
         if dist.metadata["Name"]
     }
+    found.pop(KIT_DISTRIBUTION, None)
+    return found
 
 
 def _digest(text: str) -> str:
@@ -92,6 +100,12 @@ def _release_name(release: Path) -> str:
     return f"{release.resolve().name.rsplit('-', 1)[0]} kit {info.get('kit', '?')}"
 
 
+def _environment(release: Path) -> Path:
+    """The lock's environment: the release's `env` link (its `venv` is the kit's wheel over it),
+    or `venv` itself in a release made before the kit was a wheel."""
+    return release / "env" if (release / "env").is_symlink() else release / "venv"
+
+
 def collect(node: NodeConfig, release: Path, golden_dir: Path) -> dict[str, object]:
     packages = installed_packages()
     units = sorted(p for pattern in UNIT_GLOBS for p in Path("/").glob(pattern.lstrip("/")))
@@ -105,7 +119,7 @@ def collect(node: NodeConfig, release: Path, golden_dir: Path) -> dict[str, obje
         "profile": node.profile,
         "release": _release_name(release),
         # The environment's directory holds the lock it was installed from.
-        "lock": _file_digest((release / "venv").resolve().parent / "requirements.lock"),
+        "lock": _file_digest(_environment(release).resolve().parent / "requirements.lock"),
         "packages": _digest("\n".join(f"{k}=={v}" for k, v in sorted(packages.items()))),
         "model": node.model_name,
         "model_manifest": _file_digest(model / "SHA256SUMS"),

@@ -120,7 +120,10 @@ def test_node_runs_a_complete_named_release_through_current(deployed):
     meta = json.loads((release / "release.json").read_text())
     assert meta["id"] == release.name and release.name.startswith(f"{meta['kit_version']}-lock.")
     assert (release / "promoted").is_file(), "the release passed its smoke tests but was not marked promoted"
-    assert (release / "venv").resolve().parent.name == meta["env"]
+    # venv: the kit's wheel over the lock's environment (env), named after both.
+    assert (release / "env").resolve().parent.name == meta["env"]
+    assert (release / "venv").resolve().parent.name == meta["kit"] and meta["kit"].endswith("-" + meta["env"])
+    assert (release / "venv" / "bin" / "glmdeploy-ready").is_file(), "the kit's wheel is not installed in the release"
     assert (release / "model").resolve().name == meta["model"] and meta["model"].startswith("chatglm3-fixture-")
     assert Path("/etc/glmdeploy/node.json").resolve() == release / "node.json"
     assert not list(Path("/opt/glmdeploy/releases").glob(".*.new")), "a half-built release was left behind"

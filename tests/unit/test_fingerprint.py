@@ -25,3 +25,16 @@ def test_a_unit_changed_beyond_the_address_still_differs(tmp_path):
     other = _unit(tmp_path, "h2", "10.77.0.12")
     other.write_text(other.read_text().replace("8000", "8001"))
     assert fingerprint.units_digest([other], {"10.77.0.12"}) != one
+
+
+def test_the_lock_is_read_from_the_releases_environment_not_the_kits_venv(tmp_path):
+    (tmp_path / "envs" / "e1" / "venv").mkdir(parents=True)
+    (tmp_path / "kits" / "w-e1" / "venv").mkdir(parents=True)
+    new, old = tmp_path / "releases" / "new", tmp_path / "releases" / "old"
+    new.mkdir(parents=True)
+    old.mkdir()
+    (new / "venv").symlink_to("../../kits/w-e1/venv")
+    (new / "env").symlink_to("../../envs/e1/venv")
+    (old / "venv").symlink_to("../../envs/e1/venv")  # a release made before the kit was a wheel
+    for release in (new, old):
+        assert fingerprint._environment(release).resolve() == (tmp_path / "envs" / "e1" / "venv").resolve()
