@@ -110,6 +110,8 @@ def compile_one(name: str, spec: dict, python: str, out: Path) -> None:
     ]
     for pkg in spec.get("no_emit", []):
         cmd += ["--no-emit-package", pkg]
+    for pkg, date in spec.get("exclude_newer_package", {}).items():
+        cmd += ["--exclude-newer-package", f"{pkg}={date}"]
     if spec.get("local_wheels"):
         for link in pip_find_links():
             cmd += ["--find-links", link]
