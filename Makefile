@@ -49,7 +49,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: test-packages hosts-prefetch wheels-prefetch rehearsal-model rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
+.PHONY: test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -101,20 +101,31 @@ $(FIXTURE)/SHA256SUMS: $(REFENV_READY) service/glmdeploy_control/fixture.py serv
 
 fixture: $(FIXTURE)/SHA256SUMS ## Generate the tiny ChatGLM3-architecture fixture model (deterministic)
 
-REHEARSAL_MODEL := $(ARTIFACTS)/models/chatglm3-rehearsal
-$(REHEARSAL_MODEL)/SHA256SUMS: $(REFENV_READY) service/glmdeploy_control/fixture.py service/glmdeploy/chatglm3.py $(wildcard service/glmdeploy_control/fixture_files/*.py)
-	@$(REFENV)/bin/python -m glmdeploy_control.fixture --full-size $(REHEARSAL_MODEL)
+# The gpu-cu121 rehearsal's model goes the way a real revision goes: a plain copy of a repo in the
+# published revision's shape (.bin shards, the 2023 tokenizer file, the chat template), with
+# ChatGLM3-6B-32k's KV-cache geometry, staged by `make weights` (checked, converted to safetensors).
+REHEARSAL_SOURCE   := $(ARTIFACTS)/published/chatglm3-rehearsal
+REHEARSAL_MODEL    := $(ARTIFACTS)/models/chatglm3-rehearsal
+REHEARSAL_REVISION := c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00
+FIXTURE_SOURCES    := $(REFENV_READY) service/glmdeploy_control/fixture.py service/glmdeploy/chatglm3.py $(wildcard service/glmdeploy_control/fixture_files/*.py)
+$(REHEARSAL_SOURCE)/pytorch_model.bin.index.json: $(FIXTURE_SOURCES)
+	@$(REFENV)/bin/python -m glmdeploy_control.fixture --shape published --kv-geometry $(REHEARSAL_SOURCE)
 
-rehearsal-model: $(REHEARSAL_MODEL)/SHA256SUMS ## The fixture at ChatGLM3-6B-32k's full sizes, no weights: the gpu-cu121 rehearsal's model (docs/rehearsal.md)
+rehearsal-source: $(REHEARSAL_SOURCE)/pytorch_model.bin.index.json ## The rehearsal model as a plain repo copy in the published revision's shape (make weights stages it)
+
+$(REHEARSAL_MODEL)/SHA256SUMS: $(REHEARSAL_SOURCE)/pytorch_model.bin.index.json service/glmdeploy_control/weights.py service/glmdeploy_control/checkpoint.py
+	@$(MAKE) --no-print-directory weights FROM=$(REHEARSAL_SOURCE) REVISION=$(REHEARSAL_REVISION) MODEL_DIR=$(REHEARSAL_MODEL)
+
+rehearsal-model: $(REHEARSAL_MODEL)/SHA256SUMS ## The gpu-cu121 rehearsal's model, staged by make weights from rehearsal-source (docs/rehearsal.md)
 
 # The cpu profile serves the fixture; gpu-cu121 serves pre-staged real weights (see README).
 model: $(if $(filter cpu,$(PROFILE)),fixture) ## The model PROFILE serves on the control node (cpu: the fixture; gpu-cu121: make weights)
 
 weights: PROFILE = gpu-cu121
-weights: $(REFENV_READY) ## Stage the real model once (control node with internet): REVISION=<40-hex commit>; MIRROR=url or FROM=dir instead of the hub
+weights: $(REFENV_READY) ## Stage a model revision once: REVISION=<40-hex commit>; from the hub (HF_ENDPOINT=<a hub mirror>), MIRROR=url or FROM=dir
 	@test -n "$(REVISION)" || { echo "error: REVISION=<commit> is required (the model repo's 40-hex commit; a branch name moves)"; exit 2; }
-	$(REFENV)/bin/python -m glmdeploy_control.weights --revision "$(REVISION)" --dest $(MODEL_DIR) \
-	  $(if $(MIRROR),--mirror $(MIRROR)) $(if $(FROM),--from $(FROM))
+	$(REFENV)/bin/python -m glmdeploy_control.weights --revision "$(REVISION)" --dest $(MODEL_DIR) --work $(ARTIFACTS)/staging \
+	  $(if $(MIRROR),--mirror $(MIRROR)) $(if $(FROM),--from $(FROM)) $(foreach g,$(INCLUDE),--include '$(g)')
 
 # The playbook prepares the wheelhouse of every profile and Python the nodes need; the fixture
 # is always made (seconds; cpu nodes serve it), real weights are staged by `make weights`.

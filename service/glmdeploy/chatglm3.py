@@ -33,8 +33,11 @@ STOP_TOKEN_IDS: tuple[int, ...] = (EOS_ID, SPECIAL_TOKENS["<|user|>"], SPECIAL_T
 #: Every prompt starts with these two ids.
 PREFIX_IDS: tuple[int, ...] = (SPECIAL_TOKENS["[gMASK]"], SPECIAL_TOKENS["sop"])
 
-#: len(tokenizer): 64789 SentencePiece pieces plus the nine specials.
-TOKENIZER_SIZE = 64798
+#: The tokenizer's `vocab_size`: 64789 SentencePiece pieces plus the nine specials.
+VOCAB_SIZE = 64798
+#: `len(tokenizer)` of the real class (transformers 4.40.2 counts the keys of `get_vocab()`, and
+#: the class names ids 0, 1 and 2 all ""): 64796. vLLM renders generated ids at or past it as "".
+TOKENIZER_LEN = 64796
 #: Rows of the embedding and output layer (padded), not the tokenizer size.
 PADDED_VOCAB_SIZE = 65024
 

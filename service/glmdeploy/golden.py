@@ -5,7 +5,8 @@ new transformers/tokenizers release and the same text now maps to different
 ids, so the model sees different input and answers worse, with no error. A
 golden file per model revision records the tokenizer's file hashes, its size,
 every special token's id and the ids of a fixed probe set; every check
-compares against it and names the probe that changed.
+compares against it and names the probe that changed. `vocab_size` and
+`len(tokenizer)` are two facts: ChatGLM3's class gives 64798 and 64796.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def record(model_dir: str | Path, trust_remote_code: bool = False) -> dict[str, 
     builder = PromptBuilder.from_tokenizer(tokenizer)
     return {
         "files": {name: file_sha256(model_dir / name) for name in TOKENIZER_FILES if (model_dir / name).exists()},
+        "vocab_size": tokenizer.vocab_size,
         "len_tokenizer": len(tokenizer),
         "embedding_rows": config.get("padded_vocab_size"),
         "special_ids": {tok: tokenizer.convert_tokens_to_ids(tok) for tok in chatglm3.SPECIAL_TOKENS},
@@ -77,7 +79,7 @@ def compare(golden: dict[str, Any], current: dict[str, Any], label: str = "curre
     (special ids, two sequences); a first real deployment records the rest.
     """
     diffs = []
-    for key in ("len_tokenizer", "embedding_rows", "eos_id", "pad_id"):
+    for key in ("vocab_size", "len_tokenizer", "embedding_rows", "eos_id", "pad_id"):
         if key in golden and golden[key] != current.get(key):
             diffs.append(f"{key}: golden {golden[key]}, {label} {current.get(key)}")
     for section in ("special_ids", "probes", "chats", "files"):

@@ -35,26 +35,32 @@ pass where the real model fails:
 - weights: `model-0000k-of-0000N.safetensors` with `model.safetensors.index.json`
   (weight_map and metadata.total_size, parameters in the checkpoint's module order,
   shards cut like transformers' `max_shard_size`), the format of the revisions that
-  ship safetensors. `--format bin` writes `pytorch_model-0000k-of-0000N.bin` with
-  `pytorch_model.bin.index.json` instead, for the revisions that ship only those: the
-  files are torch's zip serialization (`torch.save` of each shard's dict), written
-  here without torch (the reference environment has none) and byte-identical every
-  run; `torch.load(..., weights_only=True)` reads them.
+  ship safetensors.
 
-Left out, on purpose:
+Two shapes (`--shape`):
 
-- `modeling_chatglm.py` and `quantization.py`: the real repo has them, but only
-  transformers' `AutoModel` imports them; vLLM serves ChatGLM with its own
-  implementation, chosen by `architectures` (`ChatGLMModel`), and nothing the kit
-  runs loads the model through transformers. config.json's `auto_map` still names
-  `modeling_chatglm`, as the real one does: `AutoModel` on the fixture fails on the
-  missing file rather than running code the real model does not have.
-- `special_tokens_map.json`, `generation_config.json`, `chat_template.jinja` and a
-  `chat_template` in tokenizer_config.json: the real chatglm3-6b-32k revision has
-  none of them (as far as is known). The tokenizer's specials come from its code,
-  the server gets ChatGLM3's stop ids from the kit (`chatglm3.STOP_TOKEN_IDS`), and
-  the kit owns its chat template outside the model directory.
-- `README.md`, `MODEL_LICENSE`: documents; nothing reads them.
+- `later` (default; what the cpu profile serves): safetensors, the tokenizer file in
+  chatglm3-6b's later shape (no torch import), no chat template, a SHA256SUMS manifest.
+- `published`: the published ChatGLM3-6B-32k revision's file set and shape, as a plain copy
+  of the repo (no SHA256SUMS, no REVISION: `make weights` stages it): seven
+  `pytorch_model-0000k-of-00007.bin` shards (torch's zip serialization of each shard's
+  dict, written here without torch and byte-identical every run; `torch.load(...,
+  weights_only=True)` reads them) with `pytorch_model.bin.index.json`, the tokenizer file
+  in its 2023-10-26 shape (module-level `import torch`, no `encode_special_tokens`),
+  `tokenizer_config.json` with the published `chat_template`, and the documents and
+  code files the real repo lists (`modeling_chatglm.py` and `quantization.py` here are
+  placeholders that refuse to load: nothing the kit runs imports them).
+
+Left out of the `later` shape, on purpose:
+
+- `modeling_chatglm.py` and `quantization.py`: only transformers' `AutoModel` imports them;
+  vLLM serves ChatGLM with its own implementation, chosen by `architectures`
+  (`ChatGLMModel`). config.json's `auto_map` still names `modeling_chatglm`, as the real
+  one does: `AutoModel` on the fixture fails rather than running code the real model does
+  not have.
+- a chat template: the kit builds ChatGLM3 prompts as ids and owns its chat template
+  outside the model directory (the `published` shape carries the real one, so the
+  gpu-cu121 rehearsal meets it).
 
 Run with the pinned reference stack (sentencepiece 0.2.0, protobuf 5.27.2,
 safetensors, numpy): the files do not depend on transformers or tokenizers.
@@ -81,9 +87,7 @@ from glmdeploy.manifest import write_manifest
 
 SEED = 20240607
 
-#: The kit's own remote code, copied into the model directory.
 SOURCES = Path(__file__).resolve().parent / "fixture_files"
-REMOTE_CODE = ("configuration_chatglm.py", "tokenization_chatglm.py")
 
 #: ChatGLM3-6B-32k's config with the sizes shrunk; every field name is the real one.
 CONFIG: dict[str, Any] = {
@@ -135,6 +139,44 @@ TOKENIZER_CONFIG: dict[str, Any] = {
     "tokenizer_class": "ChatGLMTokenizer",
     "auto_map": {"AutoTokenizer": ["tokenization_chatglm.ChatGLMTokenizer", None]},
 }
+
+#: The published revision's chat template (tokenizer_config.json, "添加了chat_template"): it renders
+#: role markers as text, which ChatGLM3's tokenizer encodes as plain text (never as role ids).
+PUBLISHED_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first %}[gMASK]sop<|{{ message['role'] }}|> \n {{ message['content'] }}"
+    "{% else %}<|{{ message['role'] }}|> \n {{ message['content'] }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+#: The published revision's weights: seven .bin shards.
+PUBLISHED_SHARDS = 7
+SHAPES = ("later", "published")
+#: Files of the published repo the kit has no use for; written as short placeholders.
+_PLACEHOLDERS = {
+    "modeling_chatglm.py": '"""Placeholder for the published modeling code: the glmdeploy fixture has none."""\n\n'
+    'raise ImportError("glmdeploy fixture: no modeling code; vLLM serves ChatGLM with its own implementation")\n',
+    "quantization.py": '"""Placeholder for the published quantization code: the glmdeploy fixture has none."""\n\n'
+    'raise ImportError("glmdeploy fixture: no quantization code")\n',
+    "MODEL_LICENSE": "glmdeploy fixture: random weights, no license terms of the real model apply.\n",
+    "README.md": "# glmdeploy fixture in the published ChatGLM3-6B-32k revision's shape\n\nRandom weights. Not a model.\n",
+}
+#: Where the 2023-10-26 shape of the tokenizer file differs from the source: (marker, replacement).
+_PUBLISHED_TOKENIZER_EDITS = (
+    ("# glmdeploy-fixture: module imports of the 2023-10-26 shape go here\n",
+     "import torch  # noqa: F401 (the published 2023-10-26 file imports it at module level)\n"),
+    ('FILE_SHAPE = "later"\n', 'FILE_SHAPE = "2023-10-26"\n'),
+)
+
+
+def tokenizer_source(shape: str) -> str:
+    """The fixture's tokenizer file in one of the two shapes (the source is the `later` one)."""
+    text = (SOURCES / "tokenization_chatglm.py").read_text(encoding="utf-8")
+    if shape == "published":
+        for marker, replacement in _PUBLISHED_TOKENIZER_EDITS:
+            if text.count(marker) != 1:
+                raise RuntimeError(f"fixture tokenizer source: {marker!r} must appear once")
+            text = text.replace(marker, replacement)
+    return text
+
 
 #: SentencePiece pieces: everything below the first special token's id.
 SP_PIECES = chatglm3.SPECIAL_TOKENS["[MASK]"]
@@ -257,7 +299,7 @@ def check_sentencepiece_model(path: Path) -> None:
             raise RuntimeError(f"{path}: {text!r} does not round-trip")
 
 
-def build_weights() -> dict[str, Any]:
+def build_weights(config: dict[str, Any] = CONFIG) -> dict[str, Any]:
     """Random fp16 weights under the real checkpoint's parameter names, in its module order.
 
     The embedding carries a constant in dimension 0 that the output layer maps
@@ -271,8 +313,8 @@ def build_weights() -> dict[str, Any]:
     import numpy as np
 
     rng = np.random.default_rng(SEED)
-    hidden, ffn = int(CONFIG["hidden_size"]), int(CONFIG["ffn_hidden_size"])
-    heads, groups, kv = (int(CONFIG[k]) for k in ("num_attention_heads", "multi_query_group_num", "kv_channels"))
+    hidden, ffn = int(config["hidden_size"]), int(config["ffn_hidden_size"])
+    heads, groups, kv = (int(config[k]) for k in ("num_attention_heads", "multi_query_group_num", "kv_channels"))
     vocab = chatglm3.PADDED_VOCAB_SIZE
 
     def normal(shape: tuple[int, ...], std: float) -> Any:
@@ -285,14 +327,14 @@ def build_weights() -> dict[str, Any]:
     not_text = [*range(0, 3), *range(chatglm3.SPECIAL_TOKENS["[MASK]"], vocab)]
     out[not_text, 0] = -3.0
     half = kv // 2
-    base = 10000 * float(CONFIG["rope_ratio"])
+    base = 10000 * float(config["rope_ratio"])
     inv_freq = 1.0 / base ** (np.arange(0, half, 2, dtype=np.float32) / half)
     w: dict[str, Any] = {
         "transformer.embedding.word_embeddings.weight": emb,
         "transformer.rotary_pos_emb.inv_freq": inv_freq.astype(np.float16),
     }
     qkv_rows = (heads + 2 * groups) * kv
-    for i in range(int(CONFIG["num_layers"])):
+    for i in range(int(config["num_layers"])):
         p = f"transformer.encoder.layers.{i}."
         w[p + "input_layernorm.weight"] = np.ones(hidden, dtype=np.float16)
         w[p + "self_attention.query_key_value.weight"] = normal((qkv_rows, hidden), 0.05)
@@ -325,6 +367,13 @@ def shard(weights: dict[str, Any], max_bytes: int = MAX_SHARD_BYTES) -> list[dic
     return shards
 
 
+def shard_count(weights: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    """Split in module order into `n` shards of nearly equal tensor counts (the published revision has 7)."""
+    names = list(weights)
+    bounds = [round(i * len(names) / n) for i in range(n + 1)]
+    return [{k: weights[k] for k in names[a:b]} for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
 #: Weight formats: shard file name pattern and index file name, as transformers names them.
 FORMATS = {
     "safetensors": ("model-{k:05d}-of-{n:05d}.safetensors", "model.safetensors.index.json"),
@@ -332,10 +381,10 @@ FORMATS = {
 }
 
 
-def write_weights(work: Path, weights: dict[str, Any], fmt: str) -> list[str]:
+def write_weights(work: Path, weights: dict[str, Any], fmt: str, shards_wanted: int | None = None) -> list[str]:
     """Shard files plus the index (weight_map, metadata.total_size); returns the file names written."""
     pattern, index_name = FORMATS[fmt]
-    shards = shard(weights)
+    shards = shard_count(weights, shards_wanted) if shards_wanted else shard(weights)
     weight_map, names = {}, []
     for k, part in enumerate(shards, 1):
         name = pattern.format(k=k, n=len(shards))
@@ -460,18 +509,35 @@ FULL_SIZE: dict[str, object] = {
 }
 
 
+#: ChatGLM3-6B-32k's KV-cache geometry (28 layers, 2 KV groups of 128 dims, head size 128) with
+#: narrow layers (2 heads, hidden 256): vLLM sizes its KV cache exactly as for the real model (the
+#: gpu-cu121 rehearsal compares its block count with the sizing table), with ~95 MB of weights.
+KV_GEOMETRY: dict[str, object] = {
+    "_name_or_path": "glmdeploy/chatglm3-kv-geometry",
+    "ffn_hidden_size": 256,
+    "hidden_size": 256,
+    "kv_channels": 128,
+    "num_attention_heads": 2,
+    "num_layers": 28,
+}
+
+
 def _dump(path: Path, data: dict[str, object]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def generate(dest: Path, full_size: bool = False, fmt: str = "safetensors") -> None:
+def generate(dest: Path, full_size: bool = False, shape: str = "later", kv_geometry: bool = False) -> None:
     """Write the fixture into a scratch dir, then rename: a crash never leaves half a model.
 
     full_size: the real model's sizes and no weight files (the engine makes random ones).
-    fmt: "safetensors" (default, what CI uses) or "bin" (torch zip shards, as older revisions).
+    kv_geometry: the real model's KV-cache geometry with narrow layers, and weights (KV_GEOMETRY).
+    shape: "later" (safetensors, manifest; what the cpu profile serves) or "published" (the
+    published revision's file set as a plain copy of the repo, for `make weights`).
     """
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown weight format {fmt!r}; one of {', '.join(FORMATS)}")
+    config = {**CONFIG, **FULL_SIZE} if full_size else {**CONFIG, **KV_GEOMETRY} if kv_geometry else CONFIG
+    if shape not in SHAPES:
+        raise ValueError(f"unknown fixture shape {shape!r}; one of {', '.join(SHAPES)}")
+    published = shape == "published"
     dest = dest.resolve()
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}.") as tmp:
@@ -479,14 +545,20 @@ def generate(dest: Path, full_size: bool = False, fmt: str = "safetensors") -> N
         print(f"==> writing tokenizer.model ({SP_PIECES} SentencePiece pieces; specials follow at 64789-64797)")
         (work / "tokenizer.model").write_bytes(build_sentencepiece_model())
         check_sentencepiece_model(work / "tokenizer.model")
-        _dump(work / "tokenizer_config.json", TOKENIZER_CONFIG)
-        for name in REMOTE_CODE:
-            shutil.copyfile(SOURCES / name, work / name)
+        tok_config = {**TOKENIZER_CONFIG, "chat_template": PUBLISHED_CHAT_TEMPLATE} if published else TOKENIZER_CONFIG
+        _dump(work / "tokenizer_config.json", tok_config)
+        shutil.copyfile(SOURCES / "configuration_chatglm.py", work / "configuration_chatglm.py")
+        (work / "tokenization_chatglm.py").write_text(tokenizer_source(shape), encoding="utf-8")
+        if published:
+            for name, text in _PLACEHOLDERS.items():
+                (work / name).write_text(text, encoding="utf-8")
         if not full_size:
+            fmt = "bin" if published else "safetensors"
             print(f"==> writing random fp16 weights ({fmt} shards + index)", flush=True)
-            write_weights(work, build_weights(), fmt)
-        _dump(work / "config.json", {**CONFIG, **FULL_SIZE} if full_size else CONFIG)
-        write_manifest(work)
+            write_weights(work, build_weights(config), fmt, PUBLISHED_SHARDS if published else None)
+        _dump(work / "config.json", config)
+        if not published:
+            write_manifest(work)
         work.chmod(0o755)
         for f in work.iterdir():
             f.chmod(0o644)
@@ -499,7 +571,7 @@ def generate(dest: Path, full_size: bool = False, fmt: str = "safetensors") -> N
         else:
             work.rename(dest)
         work.mkdir()  # TemporaryDirectory cleanup expects it
-    print(f"==> fixture model ready in {dest}")
+    print(f"==> fixture model ({shape} shape) ready in {dest}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -514,13 +586,23 @@ def main(argv: list[str] | None = None) -> int:
         help="ChatGLM3-6B-32k's real sizes, no weights: for GPU runs with vLLM --load-format dummy",
     )
     parser.add_argument(
-        "--format",
-        choices=sorted(FORMATS),
-        default="safetensors",
-        help="weight shards: safetensors (default) or bin (torch zip, as revisions that ship only .bin)",
+        "--kv-geometry",
+        action="store_true",
+        help="ChatGLM3-6B-32k's KV-cache geometry (28 layers, 2 KV groups x 128) with narrow layers and weights: "
+        "the gpu-cu121 rehearsal's model",
+    )
+    parser.add_argument(
+        "--shape",
+        choices=SHAPES,
+        default="later",
+        help="later (default: safetensors, manifest; the cpu profile's model) or published (the published "
+        "ChatGLM3-6B-32k revision's files: .bin shards, 2023 tokenizer file, chat template; a plain repo copy "
+        "for `make weights`)",
     )
     args = parser.parse_args(argv)
-    generate(args.dest, full_size=args.full_size, fmt=args.format)
+    if args.full_size and args.kv_geometry:
+        parser.error("--full-size and --kv-geometry are two different sizes: pick one")
+    generate(args.dest, full_size=args.full_size, shape=args.shape, kv_geometry=args.kv_geometry)
     return 0
 
 

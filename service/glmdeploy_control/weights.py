@@ -1,41 +1,57 @@
-"""`make weights`: stage the real model's files once, pinned to a commit, with a SHA256 manifest.
+"""`make weights`: stage the real model's files once, pinned to a commit, checked, with a SHA256 manifest.
 
 Why: nodes never talk to the model hub. A control node with internet access (or
 with a lab mirror, or a directory someone copied in) stages one revision here;
 every deploy then checks the files against the manifest written at staging
 time, and the REVISION file says which commit they came from. A branch name is
 refused: "main" moves, and the repo's tokenizer code and config did change over
-time. Files are downloaded into a side directory and renamed into place only
-when complete and checked, so an interrupted fetch never leaves a half-staged
-model where deploys look.
+time.
 
 Sources:
-- the hub (huggingface_hub.snapshot_download at the commit; needs internet);
-- `--mirror URL`: a lab HTTP mirror serving a staged directory (its SHA256SUMS is
-  fetched first and every file is checked while it streams);
-- `--from DIR`: a directory staged elsewhere (same files, same manifest).
-The hub path has not run in this project's environment (no hub access); the
-mirror and directory paths are covered by tests/unit/test_weights.py.
+- the hub (the default; `HF_ENDPOINT` or `--endpoint` for a lab's hub mirror): the
+  revision's file list is read from the hub, every file the kit needs is downloaded
+  (config, tokenizer, code, documents, and one checkpoint: safetensors when the
+  revision has them, else the `.bin` shards), and each is checked against the size and
+  hash the hub lists for it;
+- `--from DIR`: a plain copy of the repo (checked for a whole checkpoint, provenance
+  recorded as given), or a directory staged by this command elsewhere (its SHA256SUMS
+  and REVISION are checked);
+- `--mirror URL`: a lab HTTP mirror serving a directory staged by this command (its
+  SHA256SUMS is fetched first and every file is checked while it streams).
+
+A revision that ships only `.bin` shards (the published ChatGLM3-6B-32k does) is
+converted once, here, to safetensors (glmdeploy_control.checkpoint): nodes never
+unpickle. The published files' hashes are kept in SOURCE.json beside the served
+files. Everything is fetched and converted in a work directory outside the models
+directory and renamed into place only when complete and checked, so a refused or
+interrupted run leaves nothing half-written where deploys look.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import hashlib
+import json
 import os
 import re
 import shutil
 import sys
 import urllib.parse
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
-from glmdeploy.manifest import MANIFEST, check_manifest, read_manifest, write_manifest
+from glmdeploy.manifest import MANIFEST, check_manifest, file_sha256, read_manifest, write_manifest
+from glmdeploy_control import checkpoint
 
 DEFAULT_REPO = "THUDM/chatglm3-6b-32k"
 REVISION_FILE = "REVISION"
-# Safetensors only: the repo also carries the same weights as .bin shards.
-DEFAULT_PATTERNS = ["*.json", "*.py", "tokenizer.model", "*.safetensors", "*.txt", "*.md"]
+SOURCE_FILE = "SOURCE.json"
+#: What every staging takes besides the weights: config, tokenizer, remote code, documents.
+ALWAYS = ["*.json", "*.py", "tokenizer.model", "*.txt", "*.md", "*LICENSE*"]
+_WEIGHTS = re.compile(r"\.(safetensors|bin)$")
 
 
 class WeightsError(RuntimeError):
@@ -51,16 +67,93 @@ def check_revision(revision: str) -> str:
     return revision
 
 
-def fetch_hub(repo: str, revision: str, dest: Path, patterns: list[str]) -> None:
-    """Download one commit of the repo into `dest` (internet access needed)."""
-    from huggingface_hub import snapshot_download  # only the hub path needs it
+# ---------------------------------------------------------------------------------------- sources
 
-    snapshot_download(repo_id=repo, revision=revision, local_dir=str(dest), allow_patterns=patterns)
-    shutil.rmtree(dest / ".cache", ignore_errors=True)  # huggingface_hub's own bookkeeping
-    if not any(dest.glob("*.safetensors")):
+
+def choose_files(listing: dict[str, dict[str, Any]], include: Iterable[str] = ()) -> list[str]:
+    """The files to take from a revision's listing: ALWAYS and `include`, plus one checkpoint.
+
+    Safetensors when the revision has them (what loaders prefer), else the `.bin` shards;
+    both only when `include` asks for the other.
+    """
+    patterns = [*ALWAYS, *include]
+    names = sorted(listing)
+    wanted = {n for n in names if not _WEIGHTS.search(n) and any(fnmatch.fnmatch(n, p) for p in patterns)}
+    for kind in ("safetensors", "bin"):
+        shards = [n for n in names if n.endswith("." + kind)]
+        if shards:
+            wanted |= set(shards)
+            break
+    else:
+        raise WeightsError("the revision lists no .safetensors or .bin weights: is it the model repo?")
+    wanted |= {n for n in names if _WEIGHTS.search(n) and any(fnmatch.fnmatch(n, p) for p in include)}
+    return sorted(wanted)
+
+
+def fetch_hub(repo: str, revision: str, dest: Path, include: list[str], endpoint: str | None) -> dict[str, Any]:
+    """Download one commit's files into `dest`, each checked against the hub's listing; returns provenance."""
+    from huggingface_hub import HfApi, hf_hub_download
+    from huggingface_hub.utils import HfHubHTTPError
+
+    api = HfApi(endpoint=endpoint)
+    where = api.endpoint
+    try:
+        info = api.model_info(repo, revision=revision, files_metadata=True)
+    except HfHubHTTPError as exc:
+        raise WeightsError(f"{where}: cannot list {repo}@{revision}: {_first_line(exc)}") from exc
+    except OSError as exc:
+        raise WeightsError(f"cannot reach the hub at {where}: {exc}; fix: check the network or HF_ENDPOINT") from exc
+    if info.sha != revision:
+        raise WeightsError(f"{where} answered for commit {info.sha}, not {revision}")
+    listing = {s.rfilename: _listed(s) for s in info.siblings or []}
+    names = choose_files(listing, include)
+    total = sum(int(listing[n]["size"] or 0) for n in names)
+    print(f"==> {repo}@{revision} from {where}: {len(names)} files, {total / 2**30:.2f} GiB", flush=True)
+    for name in names:
+        print(f"  {name} ({(listing[name]['size'] or 0) / 2**20:.1f} MiB)", flush=True)
+        try:
+            hf_hub_download(repo, name, revision=revision, local_dir=str(dest), endpoint=endpoint)
+        except HfHubHTTPError as exc:
+            raise WeightsError(f"{name}: download failed: {_first_line(exc)}") from exc
+        except OSError as exc:
+            raise WeightsError(f"{name}: download failed: {exc}; fix: run make weights again") from exc
+        check_listed(dest / name, listing[name])
+    for extra in (".cache", ".huggingface"):  # huggingface_hub's own bookkeeping in local_dir
+        shutil.rmtree(dest / extra, ignore_errors=True)
+    return {"source": f"hub {where}", "published": {n: listing[n] for n in names}}
+
+
+def _listed(sibling: Any) -> dict[str, Any]:
+    lfs = getattr(sibling, "lfs", None)
+    return {
+        "size": getattr(sibling, "size", None),
+        "sha256": getattr(lfs, "sha256", None) if lfs else None,
+        "git_blob": getattr(sibling, "blob_id", None),
+    }
+
+
+def git_blob_sha1(path: Path) -> str:
+    """The git object id of a file: the hub lists this for files stored without LFS."""
+    digest = hashlib.sha1(f"blob {path.stat().st_size}\0".encode(), usedforsecurity=False)
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_listed(path: Path, listed: dict[str, Any]) -> None:
+    """A downloaded file against the hub's size and hash for it: a truncated or altered file stops here."""
+    size = path.stat().st_size
+    if listed.get("size") is not None and size != int(listed["size"]):
         raise WeightsError(
-            f"{repo}@{revision} has no .safetensors files: pass --include '*.bin' to take the .bin shards"
+            f"{path.name}: downloaded {size} bytes, the hub lists {listed['size']}: the download was cut short; "
+            "fix: run make weights again"
         )
+    if listed.get("sha256"):
+        if file_sha256(path) != listed["sha256"]:
+            raise WeightsError(f"{path.name}: SHA256 differs from the hub's listing: the file was altered in transit")
+    elif listed.get("git_blob") and git_blob_sha1(path) != listed["git_blob"]:
+        raise WeightsError(f"{path.name}: content differs from the hub's git object: the file was altered in transit")
 
 
 def fetch_mirror(url: str, dest: Path) -> None:
@@ -87,42 +180,121 @@ def _download(url: str, out: Path, sha256: str | None) -> None:
     print(f"  {out.name}", flush=True)
 
 
-def fetch_dir(src: Path, dest: Path) -> None:
-    if not (src / MANIFEST).is_file():
-        raise WeightsError(f"{src} has no {MANIFEST}: stage it with `make weights` first")
-    shutil.copytree(src, dest, dirs_exist_ok=True)
+def is_staged(src: Path) -> bool:
+    """A directory this command wrote: it has a manifest and a REVISION file."""
+    return (src / MANIFEST).is_file() and (src / REVISION_FILE).is_file()
+
+
+def fetch_dir(src: Path, dest: Path, include: list[str]) -> dict[str, Any] | None:
+    """Copy a staged directory whole, or the kit's files of a plain copy of the repo.
+
+    Returns provenance for a plain copy; None for a staged directory (it brings its own).
+    """
+    if not src.is_dir():
+        raise WeightsError(f"{src} is not a directory; fix: FROM=<a copy of the model repo at the revision>")
+    if is_staged(src):
+        shutil.copytree(src, dest, dirs_exist_ok=True)
+        return None
+    if (src / MANIFEST).is_file() or (src / REVISION_FILE).is_file():
+        have = MANIFEST if (src / MANIFEST).is_file() else REVISION_FILE
+        raise WeightsError(
+            f"{src} has {have} but not the other: a staged directory has both; fix: use the whole staged "
+            f"directory, or remove {have} to stage it as a plain copy of the repo"
+        )
+    listing = {
+        p.relative_to(src).as_posix(): {"size": p.stat().st_size}
+        for p in sorted(src.rglob("*"))
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(src).parts)
+    }
+    names = choose_files(listing, include)
+    print(f"==> {src}: a plain copy, {len(names)} files", flush=True)
+    for name in names:
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src / name, dest / name)
+        listing[name]["sha256"] = file_sha256(dest / name)
+    return {"source": f"directory {src.resolve()}", "published": {n: listing[n] for n in names}}
+
+
+# ---------------------------------------------------------------------------------------- staging
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def serve_ready(published: Path, served: Path, provenance: dict[str, Any], repo: str, revision: str) -> None:
+    """Turn a revision's published files into the served directory: checked, `.bin` converted, manifest.
+
+    The served directory holds the published files except any `.bin` shards, the
+    safetensors (published or converted), REVISION, SOURCE.json (every published file's
+    size and hash, and what was converted) and SHA256SUMS over all of it.
+    """
+    try:
+        config = json.loads((published / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise WeightsError(f"config.json: {exc}; fix: stage the whole revision") from exc
+    try:
+        layout = checkpoint.read_layout(published)
+        served.mkdir(parents=True, exist_ok=True)
+        for p in sorted(published.rglob("*")):
+            rel = p.relative_to(published).as_posix()
+            if p.is_file() and not (p.name.endswith(".bin") or rel == checkpoint.BIN_INDEX):
+                (served / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(p, served / rel)
+        if layout.kind == "bin":
+            print(f"==> converting {len(layout.shards) or 1} .bin shards to safetensors (read weights-only, "
+                  "checked against the index and config.json)", flush=True)
+            converted = checkpoint.convert_bin(published, served, layout, config)
+            provenance["converted"] = {"from": layout.index or "pytorch_model.bin", "to": converted}
+        else:
+            checkpoint.check_safetensors(published, layout, config)
+    except checkpoint.CheckpointError as exc:
+        raise WeightsError(str(exc)) from exc
+    (served / REVISION_FILE).write_text(f"{repo}@{revision}\n")
+    record = {"repo": repo, "revision": revision, **provenance}
+    (served / SOURCE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_manifest(served)
 
 
 def stage(args: argparse.Namespace) -> Path:
-    """Fetch into a side directory, check, then rename into place (the old copy kept as .previous)."""
+    """Fetch into a work directory, check (and convert), then rename into place (the old copy kept as .previous)."""
     revision = check_revision(args.revision)
-    dest: Path = args.dest
-    side = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
-    shutil.rmtree(side, ignore_errors=True)
-    side.mkdir(parents=True)
+    dest: Path = args.dest.resolve()
+    work_root: Path = (args.work or dest.parent.parent / "staging").resolve()
+    work = work_root / f"{dest.name}-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    published, served = work / "published", work / "served"
+    published.mkdir(parents=True)
+    include = args.include or []
     try:
         if args.mirror:
-            fetch_mirror(args.mirror, side)
+            fetch_mirror(args.mirror, served)
         elif args.from_dir:
-            fetch_dir(args.from_dir, side)
+            provenance = fetch_dir(args.from_dir, published, include)
+            if provenance is None:
+                published.rename(served)
+            else:
+                serve_ready(published, served, provenance, args.repo, revision)
         else:
-            fetch_hub(args.repo, revision, side, args.include or DEFAULT_PATTERNS)
-            (side / REVISION_FILE).write_text(f"{args.repo}@{revision}\n")
-            write_manifest(side)
-        staged = (side / REVISION_FILE).read_text().strip() if (side / REVISION_FILE).is_file() else ""
+            provenance = fetch_hub(args.repo, revision, published, include, args.endpoint)
+            serve_ready(published, served, provenance, args.repo, revision)
+        staged = (served / REVISION_FILE).read_text().strip() if (served / REVISION_FILE).is_file() else ""
         if not staged.endswith("@" + revision):
             raise WeightsError(f"the source holds revision {staged or '(none)'}, not {revision}")
-        problems = check_manifest(side)
+        problems = check_manifest(served)
         if problems:
             raise WeightsError("; ".join(problems))
-    except BaseException:
-        shutil.rmtree(side, ignore_errors=True)
-        raise
-    if dest.exists():
-        previous = dest.with_name(dest.name + ".previous")
-        shutil.rmtree(previous, ignore_errors=True)
-        dest.rename(previous)
-    side.rename(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.exists():
+            previous = dest.with_name(dest.name + ".previous")
+            shutil.rmtree(previous, ignore_errors=True)
+            dest.rename(previous)
+        served.rename(dest)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if work_root.is_dir() and not any(work_root.iterdir()):
+            work_root.rmdir()
     return dest
 
 
@@ -135,9 +307,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dest", type=Path, required=True, help="directory deploys read (artifacts/models/<name>)")
     parser.add_argument("--repo", default=DEFAULT_REPO, help=f"model repo on the hub (default {DEFAULT_REPO})")
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--mirror", metavar="URL", help="lab HTTP mirror serving a staged directory")
-    source.add_argument("--from", dest="from_dir", type=Path, metavar="DIR", help="directory staged elsewhere")
-    parser.add_argument("--include", action="append", metavar="GLOB", help="hub files to take (repeatable)")
+    source.add_argument("--mirror", metavar="URL", help="lab HTTP mirror serving a directory staged by this command")
+    source.add_argument("--from", dest="from_dir", type=Path, metavar="DIR", help="a plain copy of the repo, or a staged directory")
+    parser.add_argument(
+        "--endpoint", help="hub address (default: HF_ENDPOINT, else the public hub); a lab's hub mirror"
+    )
+    parser.add_argument(
+        "--include", action="append", metavar="GLOB", help="more files to take, besides config, tokenizer, code and one checkpoint"
+    )
+    parser.add_argument("--work", type=Path, help="work directory (default: artifacts/staging beside models/)")
     args = parser.parse_args(argv)
     try:
         dest = stage(args)

@@ -1,27 +1,34 @@
-"""ChatGLM3's tokenizer for the glmdeploy fixture model: the kit's own code, the real model's contract.
+"""ChatGLM3's tokenizer for the glmdeploy fixture model: the kit's own code, the real class's behaviour.
 
-Shipped into the fixture's model directory by `glmdeploy.fixture` and loaded, like the
-real ChatGLM3-6B-32k tokenizer, only with `trust_remote_code=True` (the class is named by
+Shipped into the fixture's model directory by `glmdeploy_control.fixture` and loaded, like
+the real ChatGLM3-6B-32k tokenizer, only with `trust_remote_code=True` (the class is named by
 `auto_map` in tokenizer_config.json; transformers has no class of that name).
 
-The contract it keeps with the real `tokenization_chatglm.py`:
+Written to behave like the real `tokenization_chatglm.py` wherever a kit check or vLLM can
+observe it (read from the model's published file; none of its code is copied here):
 
 - an `SPTokenizer` over `tokenizer.model` (SentencePiece); the nine special tokens get the
-  ids after the SentencePiece vocabulary, in the order of `SPECIAL_TOKENS` (64789-64797 for
-  a 64789-piece model); `vocab_size` and `len(tokenizer)` are 64798;
-- text is encoded with plain SentencePiece: the special strings typed in text (`<|user|>`,
-  `[gMASK]`, `</s>`, ...) stay text unless `encode_special_tokens` is on, and then only the
-  nine special strings are mapped to their ids;
-- `encode(text)` prepends `[gMASK] sop`; `build_single_message` and `build_chat_input` put
-  role markers in as ids; eos `</s>` (2), pad and unk `<unk>` (0); padding on the left,
-  with `position_ids` among the model inputs.
+  ids after the SentencePiece vocabulary (64789-64797 for a 64789-piece model), so
+  `vocab_size` is 64798;
+- `convert_id_to_token` gives the empty string for eos, bos and pad/unk (ids 2, 1, 0), so
+  `get_vocab()` holds one key for the three and **`len(tokenizer)` is 64796**, not 64798;
+- eos `</s>` and pad/unk `<unk>` are properties of the class, not registered special tokens:
+  `all_special_ids` is empty, so `decode(..., skip_special_tokens=True)` drops nothing but
+  the empty strings of ids 0-2: `[gMASK]`, `sop` and the role tokens come back as text, and
+  SentencePiece turns the word-start mark after a role token into a space;
+- text is encoded with plain SentencePiece (typed `<|user|>` stays text); `encode(text)`
+  prepends `[gMASK] sop`; `build_chat_input` puts role markers in as ids; left padding with
+  `position_ids` among the model inputs.
 
-Where it differs, on purpose: `_pad` accepts the `padding_side` keyword that transformers
-4.45 and later pass (the real file of the pinned revision fails there with "unexpected
-keyword argument 'padding_side'"), so the fixture also loads on the cpu profile's
-transformers 5. Not checked against the real file: `decode(..., skip_special_tokens=True)`
-here drops the nine special tokens as well as eos/pad/bos (how the real one decodes them
-has varied with the transformers version; the fixture's weights never generate them).
+Two shapes of the file, one source (`FILE_SHAPE`; glmdeploy_control.fixture renders each):
+
+- "2023-10-26", the published chatglm3-6b-32k file: `import torch` at module level (loading
+  the tokenizer fails without torch), no `encode_special_tokens` option, a `_pad` without the
+  `padding_side` keyword (transformers >= 4.45 passes it and fails there), and
+  `convert_id_to_token` of an id past the vocabulary raises (SentencePiece's error);
+- "later", chatglm3-6b's later file: no torch import, `encode_special_tokens` (then only the
+  nine special strings in text are mapped to their ids), `_pad` takes `padding_side`, ids past
+  the vocabulary give the empty string. The cpu profile serves this shape on transformers 5.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ import os
 import re
 import shutil
 from typing import Any
+
+# glmdeploy-fixture: module imports of the 2023-10-26 shape go here
 
 from sentencepiece import SentencePieceProcessor
 from transformers import PreTrainedTokenizer
@@ -49,6 +58,11 @@ SPECIAL_TOKENS = (
     "<|observation|>",
 )
 ROLES = ("system", "user", "assistant", "observation")
+
+#: Which published file this one behaves like: "later" or "2023-10-26" (set by the fixture generator).
+FILE_SHAPE = "later"
+PUBLISHED_2023 = FILE_SHAPE == "2023-10-26"
+_ABSENT = object()
 
 
 class SPTokenizer:
@@ -69,7 +83,7 @@ class SPTokenizer:
         self._vocab: dict[str, int] | None = None
 
     def tokenize(self, text: str, encode_special_tokens: bool = False) -> list[str]:
-        if not encode_special_tokens:
+        if not encode_special_tokens or PUBLISHED_2023:
             return self.sp_model.encode(text, out_type=str)
         pieces: list[str] = []
         start = 0
@@ -86,25 +100,20 @@ class SPTokenizer:
         ids = list(self.sp_model.encode(text))
         return ([self.bos_id] if bos else []) + ids + ([self.eos_id] if eos else [])
 
-    def _join(self, items: list[Any], is_special: Any, decode_run: Any) -> str:
-        """Decode runs of SentencePiece items with SentencePiece, special tokens as their text."""
-        text, run = "", []
-        for item in items:
-            special = is_special(item)
-            if special is None:
-                run.append(item)
-                continue
-            if run:
-                text += decode_run(run)
-                run = []
-            text += special
-        return text + (decode_run(run) if run else "")
-
     def decode(self, ids: list[int]) -> str:
-        return self._join(ids, self.index_special_tokens.get, self.sp_model.decode_ids)
+        """Runs of SentencePiece ids decoded by SentencePiece, special ids as their text between them."""
+        text, run = "", []
+        for i in ids:
+            if i in self.index_special_tokens:
+                text += self.sp_model.decode_ids(run) if run else ""
+                text, run = text + self.index_special_tokens[i], []
+            else:
+                run.append(i)
+        return text + (self.sp_model.decode_ids(run) if run else "")
 
     def decode_tokens(self, tokens: list[str]) -> str:
-        return self._join(tokens, lambda t: t if t in self.special_tokens else None, self.sp_model.decode_pieces)
+        """All pieces through SentencePiece, special tokens included: it keeps a piece it does not know as text."""
+        return str(self.sp_model.decode_pieces(tokens))
 
     def convert_token_to_id(self, token: str) -> int:
         if token in self.special_tokens:
@@ -114,9 +123,11 @@ class SPTokenizer:
     def convert_id_to_token(self, index: int) -> str:
         if index in self.index_special_tokens:
             return self.index_special_tokens[index]
-        if 0 <= index < self.n_sp:
-            return self.sp_model.id_to_piece(index)
-        return ""  # the embedding's padding rows (64798..65023) are no token
+        if index in (self.eos_id, self.bos_id, self.pad_id) or index < 0:
+            return ""  # the real class's rule: get_vocab() then holds one key for ids 0-2
+        if index >= self.n_sp and not PUBLISHED_2023:
+            return ""  # the embedding's padding rows (64798..65023) are no token
+        return str(self.sp_model.id_to_piece(index))  # past the vocabulary: SentencePiece raises
 
     def vocab(self) -> dict[str, int]:
         if self._vocab is None:
@@ -146,14 +157,15 @@ class ChatGLMTokenizer(PreTrainedTokenizer):
             "<eos>": self.tokenizer.eos_id,
             "<pad>": self.tokenizer.pad_id,
         }
-        self.encode_special_tokens = encode_special_tokens
-        kwargs.setdefault("eos_token", "</s>")
-        kwargs.setdefault("unk_token", "<unk>")
-        kwargs.setdefault("pad_token", "<unk>")
+        if PUBLISHED_2023:
+            # The 2023-10-26 file has no such option: a caller's value is only kept in init_kwargs.
+            kwargs["encode_special_tokens"] = encode_special_tokens
+        else:
+            self.encode_special_tokens = encode_special_tokens
+            kwargs["encode_special_tokens"] = encode_special_tokens
         super().__init__(
             padding_side=padding_side,
             clean_up_tokenization_spaces=clean_up_tokenization_spaces,
-            encode_special_tokens=encode_special_tokens,
             **kwargs,
         )
 
@@ -165,6 +177,29 @@ class ChatGLMTokenizer(PreTrainedTokenizer):
             raise KeyError(f"{token} is not a special token for {self.name}")
         return self.tokenizer.special_tokens[token]
 
+    # eos, pad and unk are answered by the class, not registered with transformers as special
+    # tokens (the real class's way): all_special_ids stays empty, so skip_special_tokens drops
+    # none of ChatGLM3's markers.
+    @property
+    def unk_token(self) -> str:  # type: ignore[override]
+        return "<unk>"
+
+    @property
+    def pad_token(self) -> str:  # type: ignore[override]
+        return "<unk>"
+
+    @property
+    def pad_token_id(self) -> int:  # type: ignore[override]
+        return self.get_command("<pad>")
+
+    @property
+    def eos_token(self) -> str:  # type: ignore[override]
+        return "</s>"
+
+    @property
+    def eos_token_id(self) -> int:  # type: ignore[override]
+        return self.get_command("<eos>")
+
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.n_words
@@ -174,12 +209,8 @@ class ChatGLMTokenizer(PreTrainedTokenizer):
         vocab.update(self.added_tokens_encoder)
         return vocab
 
-    def tokenize(self, text: str, **kwargs: Any) -> list[str]:
-        """Plain SentencePiece: no added-token matching on the text (see `encode_special_tokens`)."""
-        return self._tokenize(text)
-
     def _tokenize(self, text: str, **kwargs: Any) -> list[str]:
-        return self.tokenizer.tokenize(text, encode_special_tokens=self.encode_special_tokens)
+        return self.tokenizer.tokenize(text, encode_special_tokens=getattr(self, "encode_special_tokens", False))
 
     def _convert_token_to_id(self, token: str) -> int:
         return self.tokenizer.convert_token_to_id(token)
@@ -189,22 +220,6 @@ class ChatGLMTokenizer(PreTrainedTokenizer):
 
     def convert_tokens_to_string(self, tokens: list[str]) -> str:
         return self.tokenizer.decode_tokens(tokens)
-
-    def _decode(
-        self,
-        token_ids: int | list[int],
-        skip_special_tokens: bool = False,
-        clean_up_tokenization_spaces: bool | None = None,
-        **kwargs: Any,
-    ) -> str:
-        ids = [int(token_ids)] if isinstance(token_ids, int) else [int(i) for i in token_ids]
-        if skip_special_tokens:
-            skip = {*self.tokenizer.index_special_tokens, *self.all_special_ids, self.tokenizer.bos_id}
-            ids = [i for i in ids if i not in skip]
-        text = self.tokenizer.decode(ids)
-        if clean_up_tokenization_spaces is None:
-            clean_up_tokenization_spaces = self.clean_up_tokenization_spaces
-        return self.clean_up_tokenization(text) if clean_up_tokenization_spaces else text
 
     def save_vocabulary(self, save_directory: str, filename_prefix: str | None = None) -> tuple[str]:
         name = (f"{filename_prefix}-" if filename_prefix else "") + self.vocab_files_names["vocab_file"]
@@ -258,11 +273,17 @@ class ChatGLMTokenizer(PreTrainedTokenizer):
         max_length: int | None = None,
         padding_strategy: PaddingStrategy = PaddingStrategy.DO_NOT_PAD,
         pad_to_multiple_of: int | None = None,
-        padding_side: str | None = None,
+        padding_side: Any = _ABSENT,
         return_attention_mask: bool | None = None,
     ) -> dict:
-        """Left padding, with attention_mask and position_ids, as the real model's tokenizer pads."""
-        side = padding_side or self.padding_side
+        """Left padding, with attention_mask and position_ids, as the real model's tokenizer pads.
+
+        The 2023-10-26 file's `_pad` has no `padding_side` parameter: transformers >= 4.45 passes
+        one and fails there, as it does here.
+        """
+        if PUBLISHED_2023 and padding_side is not _ABSENT:
+            raise TypeError("_pad() got an unexpected keyword argument 'padding_side'")
+        side = self.padding_side if padding_side in (_ABSENT, None) else padding_side
         if side != "left":
             raise ValueError(f"ChatGLM3 pads on the left, not the {side}")
         required = encoded_inputs[self.model_input_names[0]]

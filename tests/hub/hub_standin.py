@@ -1,0 +1,188 @@
+"""A stand-in for the Hugging Face hub on loopback: the HTTP endpoints `huggingface_hub` uses for a pinned revision.
+
+Stand-in, named as such: the model hub is out of reach from this machine and from CI. It
+serves one revision of one repo from a local directory (a plain copy of the repo) with the
+protocol huggingface_hub 0.23.4 speaks (read from its source: hf_api.model_info,
+file_download.get_hf_file_metadata and http_get):
+
+- `GET /api/models/<repo>/revision/<commit>[?blobs=True]`: the repo info JSON (`id`, `sha`,
+  `siblings[].rfilename`; with blobs, each file's `size`, `blobId` and, for files the hub keeps
+  in LFS (weights, tokenizer.model), `lfs.{sha256,size,pointerSize}`);
+- `HEAD|GET /<repo>/resolve/<commit>/<path>`: the file, with `X-Repo-Commit`, `ETag` (the git
+  blob id, or `X-Linked-Etag` with the SHA256 for LFS files), `Content-Length`, and `Range`
+  (206) for resumed downloads;
+- errors as the hub sends them: 404 with `X-Error-Code` `RepoNotFound`, `RevisionNotFound` or
+  `EntryNotFound`.
+
+What it does not prove: authentication, gated repos, the hub's redirects of LFS files to its
+CDN, and rate limits. Faults for tests (`faults`): `truncate` (half the bytes under the full
+length), `corrupt` (one byte changed, same length), `missing` (listed but 404 on download).
+
+Run alone: `python tests/hub/hub_standin.py --root DIR --repo THUDM/chatglm3-6b-32k --revision <40-hex>`
+prints the endpoint (`HF_ENDPOINT=...`) and serves until interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import http.server
+import json
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+LFS_SUFFIXES = (".bin", ".safetensors", ".model")
+
+
+def _git_blob(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+class Revision:
+    """One revision's files, as the hub lists them."""
+
+    def __init__(self, root: Path, repo: str, commit: str, faults: dict[str, str] | None = None) -> None:
+        self.root, self.repo, self.commit, self.faults = root, repo, commit, dict(faults or {})
+        self.files = sorted(
+            p.relative_to(root).as_posix()
+            for p in root.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+        )
+        self.requests: list[str] = []
+
+    def sibling(self, name: str) -> dict[str, Any]:
+        data = (self.root / name).read_bytes()
+        entry: dict[str, Any] = {"rfilename": name, "size": len(data), "blobId": _git_blob(data)}
+        if name.endswith(LFS_SUFFIXES):
+            sha = hashlib.sha256(data).hexdigest()
+            pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha}\nsize {len(data)}\n".encode()
+            entry |= {"blobId": _git_blob(pointer), "lfs": {"sha256": sha, "size": len(data), "pointerSize": len(pointer)}}
+        return entry
+
+    def info(self, blobs: bool) -> dict[str, Any]:
+        siblings = [self.sibling(n) if blobs else {"rfilename": n} for n in self.files]
+        return {"id": self.repo, "modelId": self.repo, "sha": self.commit, "private": False, "downloads": 0,
+                "likes": 0, "tags": [], "siblings": siblings}
+
+    def body(self, name: str) -> bytes:
+        data = (self.root / name).read_bytes()
+        if self.faults.get(name) == "corrupt":
+            data = data[:-1] + bytes([data[-1] ^ 0xFF])
+        return data
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    revision: Revision  # set on the subclass made per server
+
+    def log_message(self, fmt: str, *args: Any) -> None:  # quiet: tests read `requests` instead
+        self.revision.requests.append(f"{self.command} {self.path}")
+
+    def do_GET(self) -> None:
+        self._answer(body=True)
+
+    def do_HEAD(self) -> None:
+        self._answer(body=False)
+
+    def _error(self, status: int, code: str, message: str) -> None:
+        data = json.dumps({"error": message}).encode()
+        self.send_response(status)
+        self.send_header("X-Error-Code", code)
+        self.send_header("X-Error-Message", message)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _answer(self, body: bool) -> None:
+        rev = self.revision
+        url = urllib.parse.urlsplit(self.path)
+        path = urllib.parse.unquote(url.path)
+        api = f"/api/models/{rev.repo}/revision/"
+        resolve = f"/{rev.repo}/resolve/"
+        if path.startswith(api):
+            if path[len(api) :] != rev.commit:
+                return self._error(404, "RevisionNotFound", f"Invalid rev id: {path[len(api):]}")
+            query = urllib.parse.parse_qs(url.query)
+            blobs = query.get("blobs", ["false"])[0].lower() == "true"
+            return self._send(200, json.dumps(rev.info(blobs)).encode(), {"Content-Type": "application/json"}, body)
+        if path.startswith(resolve):
+            commit, _, name = path[len(resolve) :].partition("/")
+            if commit != rev.commit:
+                return self._error(404, "RevisionNotFound", f"Invalid rev id: {commit}")
+            if name not in rev.files or rev.faults.get(name) == "missing":
+                return self._error(404, "EntryNotFound", f"{name} does not exist at {commit}")
+            return self._file(name, body)
+        if path.startswith("/api/models/") or path.count("/") >= 3:
+            return self._error(404, "RepoNotFound", "Repository not found")
+        return self._error(404, "EntryNotFound", path)
+
+    def _file(self, name: str, body: bool) -> None:
+        rev = self.revision
+        data, entry = rev.body(name), rev.sibling(name)
+        headers = {"X-Repo-Commit": rev.commit, "Content-Type": "application/octet-stream"}
+        if "lfs" in entry:
+            headers |= {"X-Linked-Etag": f'"{entry["lfs"]["sha256"]}"', "X-Linked-Size": str(len(data)),
+                        "ETag": f'"{entry["blobId"]}"'}
+        else:
+            headers["ETag"] = f'"{entry["blobId"]}"'
+        start = 0
+        ranged = self.headers.get("Range", "")
+        if ranged.startswith("bytes=") and ranged.endswith("-"):
+            start = int(ranged[6:-1])
+        status = 206 if start else 200
+        payload = data[start:]
+        if rev.faults.get(name) == "truncate" and body:
+            # The full length is announced and half the bytes are sent: a connection cut mid-file.
+            self.send_response(status)
+            for key, value in headers.items():
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload[: len(payload) // 2])
+            self.close_connection = True
+            return
+        self._send(status, payload, headers, body)
+
+    def _send(self, status: int, data: bytes, headers: dict[str, str], body: bool) -> None:
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if body:
+            self.wfile.write(data)
+
+
+@contextmanager
+def serve(revision: Revision, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Serve on loopback in a thread; yields the endpoint (what HF_ENDPOINT would be)."""
+    handler = type("RevisionHandler", (Handler,), {"revision": revision})
+    server = http.server.ThreadingHTTPServer((host, port), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://{host}:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, required=True, help="a plain copy of the repo at the revision")
+    parser.add_argument("--repo", required=True)
+    parser.add_argument("--revision", required=True, help="the 40-hex commit it answers for")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args()
+    with serve(Revision(args.root, args.repo, args.revision), port=args.port) as endpoint:
+        print(f"HF_ENDPOINT={endpoint}", flush=True)
+        threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()
