@@ -151,7 +151,8 @@ def check_all_present(layout: Layout, config: dict[str, Any], seen: set[str]) ->
     missing = sorted(set(expected_shapes(config)) - seen)
     if missing:
         raise CheckpointError(
-            f"no shard holds {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+            f"no shard holds {missing[0]}"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
             + ": the checkpoint is incomplete"
         )
 

@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import math
 import os
@@ -157,12 +158,15 @@ _PLACEHOLDERS = {
     "quantization.py": '"""Placeholder for the published quantization code: the glmdeploy fixture has none."""\n\n'
     'raise ImportError("glmdeploy fixture: no quantization code")\n',
     "MODEL_LICENSE": "glmdeploy fixture: random weights, no license terms of the real model apply.\n",
-    "README.md": "# glmdeploy fixture in the published ChatGLM3-6B-32k revision's shape\n\nRandom weights. Not a model.\n",
+    "README.md": "# glmdeploy fixture in the published ChatGLM3-6B-32k revision's shape\n\n"
+    "Random weights. Not a model.\n",
 }
 #: Where the 2023-10-26 shape of the tokenizer file differs from the source: (marker, replacement).
 _PUBLISHED_TOKENIZER_EDITS = (
-    ("# glmdeploy-fixture: module imports of the 2023-10-26 shape go here\n",
-     "import torch  # noqa: F401 (the published 2023-10-26 file imports it at module level)\n"),
+    (
+        "# glmdeploy-fixture: module imports of the 2023-10-26 shape go here\n",
+        "import torch  # noqa: F401 (the published 2023-10-26 file imports it at module level)\n",
+    ),
     ('FILE_SHAPE = "later"\n', 'FILE_SHAPE = "2023-10-26"\n'),
 )
 
@@ -371,7 +375,7 @@ def shard_count(weights: dict[str, Any], n: int) -> list[dict[str, Any]]:
     """Split in module order into `n` shards of nearly equal tensor counts (the published revision has 7)."""
     names = list(weights)
     bounds = [round(i * len(names) / n) for i in range(n + 1)]
-    return [{k: weights[k] for k in names[a:b]} for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [{k: weights[k] for k in names[a:b]} for a, b in itertools.pairwise(bounds)]
 
 
 #: Weight formats: shard file name pattern and index file name, as transformers names them.

@@ -36,14 +36,15 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     out.write_text(json.dumps(FIGURES, indent=2) + "\n")
 
 
-def make(*args: str, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
-    """Run a make target from the checkout, echoing its output so CI logs show progress."""
+def make(*args: str, timeout: int = 1800, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a make target from the checkout, echoing its output so CI logs show progress (`env`: added variables)."""
     start = time.monotonic()
     cmd = ["make", "-C", str(ROOT), *args]
     # Its own process group: a run that overstays is stopped whole (make, ansible, ssh), not
     # left changing hosts behind the next test; its log says how far it got.
     pipe = subprocess.PIPE
-    with subprocess.Popen(cmd, stdout=pipe, stderr=pipe, text=True, start_new_session=True) as run:
+    full_env = {**os.environ, **(env or {})}
+    with subprocess.Popen(cmd, stdout=pipe, stderr=pipe, text=True, start_new_session=True, env=full_env) as run:
         try:
             out, err = run.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

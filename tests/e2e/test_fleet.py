@@ -5,7 +5,9 @@ network namespaces, reaching only the controller's apt proxy and artifact server
 testhost2 are set to the cpu profile (testhost1 also runs the balancer); testhost3 is set to
 gpu-cu121 and is the production path's rehearsal: the real gpu-cu121 environment (vLLM 0.4.3,
 torch 2.3.0+cu121, transformers 4.40.2) from its wheelhouse through the kit's own roles, the
-real-shaped fixture at ChatGLM3-6B-32k's full sizes (`make rehearsal-model`), the launcher the kit
+fixture in the published revision's shape (.bin shards, the 2023 tokenizer file that imports torch,
+the chat template) with ChatGLM3-6B-32k's KV-cache geometry, staged by `make weights REVISION=...`
+from a stand-in of the Hugging Face hub on loopback (HF_ENDPOINT), the launcher the kit
 renders for the rtx-4090 class and the kit's own unit. One piece is replaced there: vLLM's GPU
 executor, by the stand-in in tests/rehearsal/ (installed into the node's environment by a systemd
 drop-in before each start; no model math). So testhost3 proves the API, config, tokenizer,
@@ -32,7 +34,9 @@ import pytest
 from conftest import FIGURES, ROOT, SERVICE_USER_PROCESSES, make, one_engine_left
 
 sys.path.insert(0, str(ROOT / "tests" / "hosts"))
+sys.path.insert(0, str(ROOT / "tests" / "hub"))
 import hostctl
+import hub_standin
 
 from glmdeploy import sse
 
@@ -109,10 +113,35 @@ def write_inventory(base: Path) -> Path:
     return inventory
 
 
+REHEARSAL_REPO = "THUDM/chatglm3-6b-32k"
+
+
+def stage_rehearsal_model_from_the_hub_standin() -> subprocess.CompletedProcess[str]:
+    """The rehearsal model the way a real revision arrives: `make weights` from the hub (a stand-in).
+
+    The published-shape source (`make rehearsal-source`) is served by tests/hub/hub_standin.py on
+    loopback; `make weights` reaches it through HF_ENDPOINT, downloads and checks every file,
+    converts the .bin shards to safetensors and writes the manifest the deploy checks.
+    """
+    assert make("rehearsal-source").returncode == 0, "make rehearsal-source failed"
+    source = ROOT / "artifacts" / "published" / "chatglm3-rehearsal"
+    revision = re.search(r"^REHEARSAL_REVISION\s*:=\s*(\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)  # type: ignore[union-attr]
+    env = {"NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    with hub_standin.serve(hub_standin.Revision(source, REHEARSAL_REPO, revision)) as endpoint:
+        staged = make(
+            "weights",
+            f"REVISION={revision}",
+            "MODEL_DIR=artifacts/models/chatglm3-rehearsal",
+            env={**env, "HF_ENDPOINT": endpoint},
+        )
+    assert staged.returncode == 0, f"make weights from the hub stand-in failed:\n{staged.stderr[-3000:]}"
+    return staged
+
+
 @pytest.fixture(scope="module")
 def fleet():
     """Three fresh hosts, deployed once by `make deploy` (each test asserts its own part of it)."""
-    assert make("rehearsal-model").returncode == 0, "make rehearsal-model failed"
+    staged = stage_rehearsal_model_from_the_hub_standin()
     peak = MemoryPeak()
     peak.start()
     created = make("hosts", "N=3")
@@ -124,7 +153,7 @@ def fleet():
         inventory = write_inventory(Path(hosts["inventory"]))
         converge = make("deploy", f"INVENTORY={inventory}", timeout=2400)
         timings["converge_s"] = round(converge.elapsed, 1)  # type: ignore[attr-defined]
-        yield {"inventory": str(inventory), "timings": timings, "peak": peak, "converge": converge}
+        yield {"inventory": str(inventory), "timings": timings, "peak": peak, "converge": converge, "staged": staged}
     finally:
         peak.stop.set()
         FIGURES["3-host mixed fleet, 2 cpu + 1 gpu-cu121 rehearsal (s)"] = timings
@@ -228,6 +257,20 @@ def test_rehearsal_node_runs_vllm_043_on_the_kits_rtx_4090_launcher(fleet):
     start = re.search(r"Initializing an LLM engine \(v0\.4\.3\) with config: .*", log)
     assert start and "dtype=torch.float16" in start.group(0) and "max_seq_len=32768" in start.group(0), log[-3000:]
     assert re.search(r"# GPU blocks: 13656\b", log), "the stand-in's KV cache is not the sizing table's rtx-4090 row"
+
+
+def test_rehearsal_model_came_from_the_hub_standin_as_safetensors_and_holds_no_pickle(fleet):
+    staged = fleet["staged"].stdout
+    assert "converting 7 .bin shards to safetensors" in staged and "files checked against SHA256SUMS" in staged, staged
+    listing = on_host(GPU, "ls /opt/glmdeploy/current/model/ && cat /opt/glmdeploy/current/model/SOURCE.json")
+    assert listing.returncode == 0, listing.stderr
+    names = listing.stdout.split("{", 1)[0].split()
+    assert not [n for n in names if n.endswith(".bin")], names
+    assert sum(n.endswith("-of-00007.safetensors") for n in names) == 7 and "model.safetensors.index.json" in names
+    source = json.loads("{" + listing.stdout.split("{", 1)[1])
+    assert source["source"].startswith("hub http://127.0.0.1:"), source["source"]
+    assert source["revision"] in fleet["staged"].args[-1] or source["revision"] in " ".join(fleet["staged"].args)
+    assert len(source["published"]["pytorch_model-00001-of-00007.bin"]["sha256"]) == 64
 
 
 def test_rehearsal_smoke_suite_passes_and_says_why_gpu_checks_skip(fleet):

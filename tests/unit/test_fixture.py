@@ -90,7 +90,7 @@ def test_fixture_has_the_real_revisions_files_and_nothing_it_lacks(fixture_dir):
     assert not names & NOT_IN_THE_REAL_REVISION
 
 
-def test_fixture_has_no_chat_template(fixture_dir, tokenizer):
+def test_later_shape_fixture_has_no_chat_template(fixture_dir, tokenizer):
     assert not (fixture_dir / "chat_template.jinja").exists()
     assert "chat_template" not in json.loads((fixture_dir / "tokenizer_config.json").read_text())
     assert getattr(tokenizer, "chat_template", None) is None
@@ -165,28 +165,54 @@ class _TorchStub(pickle.Unpickler):
         return key, dtype, numel
 
 
-def test_fixture_bin_format_writes_torch_zip_shards_with_an_index(tmp_path, fixture_dir):
+#: The published ChatGLM3-6B-32k revision's file list (shared reference notes).
+PUBLISHED_FILES = {
+    "config.json",
+    "configuration_chatglm.py",
+    "modeling_chatglm.py",
+    "quantization.py",
+    "tokenization_chatglm.py",
+    "tokenizer.model",
+    "tokenizer_config.json",
+    "pytorch_model.bin.index.json",
+    *(f"pytorch_model-{k:05d}-of-00007.bin" for k in range(1, 8)),
+    "MODEL_LICENSE",
+    "README.md",
+}
+
+
+@pytest.fixture(scope="module")
+def published_dir(tmp_path_factory):
+    """The fixture in the published revision's shape: a plain copy of the repo."""
+    path = tmp_path_factory.mktemp("published") / "chatglm3-published"
+    generate(path, shape="published")
+    return path
+
+
+def test_published_shape_has_the_published_file_list_and_no_manifest(published_dir):
+    assert {p.name for p in published_dir.iterdir()} == PUBLISHED_FILES
+    config = json.loads((published_dir / "tokenizer_config.json").read_text())
+    assert config["chat_template"].startswith("{% for message in messages %}{% if loop.first %}[gMASK]sop<|")
+
+
+def test_published_shape_writes_torch_zip_shards_with_an_index(published_dir, fixture_dir):
     import numpy as np
     from safetensors.numpy import load_file
 
-    generate(tmp_path / "bin", fmt="bin")
-    names = {p.name for p in (tmp_path / "bin").iterdir()}
-    assert names == {n for n in FIXTURE_FILES if "safetensors" not in n} | {
-        "pytorch_model-00001-of-00002.bin",
-        "pytorch_model-00002-of-00002.bin",
-        "pytorch_model.bin.index.json",
-    }
-    index = json.loads((tmp_path / "bin" / "pytorch_model.bin.index.json").read_text())
+    index = json.loads((published_dir / "pytorch_model.bin.index.json").read_text())
     st_index = json.loads((fixture_dir / "model.safetensors.index.json").read_text())
     assert index["metadata"] == st_index["metadata"]
+    assert len(set(index["weight_map"].values())) == 7
+    expected = {}
+    for st_shard in sorted(set(st_index["weight_map"].values())):
+        expected |= load_file(str(fixture_dir / st_shard))
     for shard in sorted(set(index["weight_map"].values())):
         archive = shard.removesuffix(".bin")
-        with zipfile.ZipFile(tmp_path / "bin" / shard) as zf:
+        with zipfile.ZipFile(published_dir / shard) as zf:
             assert zf.read(f"{archive}/version") == b"3\n" and zf.read(f"{archive}/byteorder") == b"little"
             for info in zf.infolist():  # torch's writer aligns every record's data to 64 bytes
                 assert (info.header_offset + 30 + len(info.filename) + len(info.extra)) % 64 == 0
             state = _TorchStub(io.BytesIO(zf.read(f"{archive}/data.pkl"))).load()
-            expected = load_file(str(fixture_dir / st_index["weight_map"][next(iter(state))]))
             assert isinstance(state, OrderedDict)
             assert set(state) == {n for n, s in index["weight_map"].items() if s == shard}
             for name, ((key, dtype, numel), offset, size, _stride) in state.items():
@@ -195,10 +221,20 @@ def test_fixture_bin_format_writes_torch_zip_shards_with_an_index(tmp_path, fixt
                 assert np.array_equal(data.reshape(size), expected[name]), name
 
 
-def test_fixture_bin_format_is_byte_identical_across_runs(tmp_path):
-    generate(tmp_path / "one", fmt="bin")
-    generate(tmp_path / "two", fmt="bin")
-    assert read_manifest(tmp_path / "one") == read_manifest(tmp_path / "two")
+def test_published_shape_shards_load_weights_only_in_torch(published_dir):
+    import torch
+
+    index = json.loads((published_dir / "pytorch_model.bin.index.json").read_text())
+    shard = sorted(set(index["weight_map"].values()))[0]
+    state = torch.load(str(published_dir / shard), weights_only=True)
+    assert set(state) == {n for n, s in index["weight_map"].items() if s == shard}
+    assert all(t.dtype == torch.float16 for t in state.values())
+
+
+def test_published_shape_is_byte_identical_across_runs(tmp_path, published_dir):
+    generate(tmp_path / "again", shape="published")
+    for path in published_dir.iterdir():
+        assert (tmp_path / "again" / path.name).read_bytes() == path.read_bytes(), path.name
 
 
 def test_fixture_full_size_has_the_real_widths_and_no_weights(tmp_path):
@@ -230,10 +266,11 @@ def test_fixture_special_ids_come_after_64789_sentencepiece_pieces(tokenizer, sp
         t: sp_model.vocab_size() + i for i, t in enumerate(order)
     }
     assert {t: tokenizer.convert_tokens_to_ids(t) for t in chatglm3.SPECIAL_TOKENS} == chatglm3.SPECIAL_TOKENS
-    assert len(tokenizer) == tokenizer.vocab_size == chatglm3.TOKENIZER_SIZE
+    assert tokenizer.vocab_size == chatglm3.VOCAB_SIZE and len(tokenizer) == chatglm3.TOKENIZER_LEN
     assert tokenizer.convert_tokens_to_ids("<|user|>") == 64795
     assert (tokenizer.eos_token, tokenizer.eos_token_id) == ("</s>", 2)
-    assert (tokenizer.pad_token, tokenizer.pad_token_id, tokenizer.unk_token_id) == ("<unk>", 0, 0)
+    # Answered by properties, not registered: unk_token_id is None, as with the real class.
+    assert (tokenizer.pad_token, tokenizer.pad_token_id, tokenizer.unk_token_id) == ("<unk>", 0, None)
     assert tokenizer.padding_side == "left"
 
 
@@ -263,7 +300,8 @@ def test_fixture_tokenizer_prefixes_gmask_sop_and_round_trips(tokenizer):
     for text in ["晚上睡不着应该怎么办", "def f(x):\n    return x  # 🙂", "spaced   out  "]:
         ids = tokenizer.encode(text)
         assert ids[:2] == [64790, 64792]
-        assert tokenizer.decode(ids, skip_special_tokens=True) == text
+        # Nothing is registered as special: [gMASK] and sop stay, as with the real class.
+        assert tokenizer.decode(ids, skip_special_tokens=True) == "[gMASK]sop " + text
     assert tokenizer.encode("晚上睡不着应该怎么办")[:3] == [64790, 64792, 30910]
 
 
@@ -289,6 +327,70 @@ def test_fixture_tokenizer_pads_on_the_left_and_takes_padding_side(tokenizer):
     assert out["input_ids"] == [0, 0, 5, 6] and out["attention_mask"] == [0, 0, 1, 1]
     with pytest.raises(ValueError, match="left"):
         tokenizer._pad({"input_ids": [5]}, 2, PaddingStrategy.MAX_LENGTH, padding_side="right")
+
+
+# ------------------------------------------------ the real class's observable behaviours, both shapes
+# What the real tokenization_chatglm.py does under transformers 4.40.2 (the shared reference notes,
+# read from the published file): a fixture that is kinder than this passes checks the real model fails.
+
+
+@pytest.fixture(scope="module", params=["later", "published"])
+def shaped(request, fixture_dir, published_dir):
+    model_dir = fixture_dir if request.param == "later" else published_dir
+    return request.param, model_dir, load_tokenizer(str(model_dir), trust_remote_code=True)
+
+
+def test_len_is_64796_because_ids_0_to_2_are_named_the_empty_string(shaped):
+    _, _, tok = shaped
+    assert (tok.vocab_size, len(tok)) == (64798, 64796)
+    assert tok.convert_ids_to_tokens([0, 1, 2]) == ["", "", ""]
+    assert tok.get_vocab()[""] == 2 and "</s>" not in tok.get_vocab()
+
+
+def test_nothing_is_registered_as_special_so_skip_special_tokens_keeps_the_markers(shaped):
+    _, _, tok = shaped
+    assert tok.all_special_ids == [] and tok.all_special_tokens == []
+    assert (tok.eos_token, tok.eos_token_id, tok.pad_token, tok.pad_token_id) == ("</s>", 2, "<unk>", 0)
+    ids = PromptBuilder.from_tokenizer(tok).chat_ids([{"role": "user", "content": "你好"}])
+    want = "[gMASK]sop<|user|> \n 你好<|assistant|>"  # the word-start mark after a marker is a space
+    assert tok.decode(ids) == tok.decode(ids, skip_special_tokens=True) == want
+    assert tok.decode([*ids, 2, 0], skip_special_tokens=True) == want
+
+
+def test_published_shape_imports_torch_and_fails_to_load_without_it(published_dir, tmp_path):
+    import ast
+
+    tree = ast.parse((published_dir / "tokenization_chatglm.py").read_text())
+    assert any(isinstance(n, ast.Import) and n.names[0].name == "torch" for n in tree.body)
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from transformers import AutoTokenizer\n"
+        f"AutoTokenizer.from_pretrained({str(published_dir)!r}, trust_remote_code=True, local_files_only=True)\n"
+    )
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode != 0 and "torch" in proc.stderr.splitlines()[-1], proc.stderr[-500:]
+
+
+def test_published_shape_has_no_encode_special_tokens_and_a_pad_without_padding_side(published_dir):
+    from transformers.utils import PaddingStrategy
+
+    tok = load_tokenizer(str(published_dir), trust_remote_code=True)
+    assert not hasattr(tok, "encode_special_tokens")
+    tok.encode_special_tokens = True  # the 2023 file has no such switch: text stays text
+    assert 64795 not in tok.encode("<|user|>hi", add_special_tokens=False)
+    with pytest.raises(TypeError, match="padding_side"):
+        tok._pad({"input_ids": [5]}, 2, PaddingStrategy.MAX_LENGTH, padding_side="left")
+    with pytest.raises(IndexError):
+        tok.convert_ids_to_tokens([64800])  # past the vocabulary: SentencePiece's own error
+
+
+def test_later_shape_names_ids_past_the_vocabulary_the_empty_string(tokenizer):
+    assert tokenizer.convert_ids_to_tokens([64800, 65023]) == ["", ""]
+    import ast
+
+    tree = ast.parse(Path(tokenizer.vocab_file).with_name("tokenization_chatglm.py").read_text())
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Import) and n.names[0].name == "torch"]
 
 
 #: Everything the kit reads from the tokenizer, printed as JSON: run on both transformers versions.

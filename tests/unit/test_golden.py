@@ -12,7 +12,8 @@ from glmdeploy.chatglm3 import (
     ROLE_IDS,
     SPECIAL_TOKENS,
     STRUCTURAL_IDS,
-    TOKENIZER_SIZE,
+    TOKENIZER_LEN,
+    VOCAB_SIZE,
 )
 from glmdeploy.golden import compare, main, record
 
@@ -34,7 +35,8 @@ def test_real_model_golden_agrees_with_the_kits_token_facts_and_prompt_shape(fix
     (the fixture shares the real special ids, so its recorded chat has the same structure)."""
     golden = json.loads((GOLDEN / "chatglm3-6b-32k.json").read_text())
     assert golden["special_ids"] == SPECIAL_TOKENS
-    assert (golden["len_tokenizer"], golden["embedding_rows"]) == (TOKENIZER_SIZE, PADDED_VOCAB_SIZE)
+    assert (golden["vocab_size"], golden["len_tokenizer"]) == (VOCAB_SIZE, TOKENIZER_LEN)
+    assert golden["embedding_rows"] == PADDED_VOCAB_SIZE
     assert (golden["eos_id"], golden["pad_id"]) == (EOS_ID, PAD_ID)
     published, built = golden["chats"]["one_turn"], fixture_record["chats"]["one_turn"]
     structure = [[i for i in chat if i in STRUCTURAL_IDS] for chat in (published, built)]
@@ -64,7 +66,7 @@ def test_changed_special_id_is_named(fixture_record):
 
 
 def test_partial_golden_checks_only_what_it_holds(fixture_record):
-    assert compare({"len_tokenizer": 64798, "probes": {}}, fixture_record) == []
+    assert compare({"len_tokenizer": 64796, "probes": {}}, fixture_record) == []
 
 
 def test_check_command_exits_nonzero_with_the_fix(tmp_path, fixture_dir, fixture_record, capsys):
@@ -73,7 +75,7 @@ def test_check_command_exits_nonzero_with_the_fix(tmp_path, fixture_dir, fixture
     path.write_text(json.dumps(golden))
     assert main(["check", str(fixture_dir), str(path), "--trust-remote-code"]) == 1
     err = capsys.readouterr().err
-    assert "DRIFT len_tokenizer: golden 1, current 64798" in err and "make tokenizer-lock" in err
+    assert "DRIFT len_tokenizer: golden 1, current 64796" in err and "make tokenizer-lock" in err
 
 
 def test_fixture_golden_pins_the_sentencepiece_model_and_the_remote_code(fixture_record):
