@@ -60,13 +60,24 @@ class Revision:
         if name.endswith(LFS_SUFFIXES):
             sha = hashlib.sha256(data).hexdigest()
             pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha}\nsize {len(data)}\n".encode()
-            entry |= {"blobId": _git_blob(pointer), "lfs": {"sha256": sha, "size": len(data), "pointerSize": len(pointer)}}
+            entry |= {
+                "blobId": _git_blob(pointer),
+                "lfs": {"sha256": sha, "size": len(data), "pointerSize": len(pointer)},
+            }
         return entry
 
     def info(self, blobs: bool) -> dict[str, Any]:
         siblings = [self.sibling(n) if blobs else {"rfilename": n} for n in self.files]
-        return {"id": self.repo, "modelId": self.repo, "sha": self.commit, "private": False, "downloads": 0,
-                "likes": 0, "tags": [], "siblings": siblings}
+        return {
+            "id": self.repo,
+            "modelId": self.repo,
+            "sha": self.commit,
+            "private": False,
+            "downloads": 0,
+            "likes": 0,
+            "tags": [],
+            "siblings": siblings,
+        }
 
     def body(self, name: str) -> bytes:
         data = (self.root / name).read_bytes()
@@ -106,7 +117,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         resolve = f"/{rev.repo}/resolve/"
         if path.startswith(api):
             if path[len(api) :] != rev.commit:
-                return self._error(404, "RevisionNotFound", f"Invalid rev id: {path[len(api):]}")
+                return self._error(404, "RevisionNotFound", f"Invalid rev id: {path[len(api) :]}")
             query = urllib.parse.parse_qs(url.query)
             blobs = query.get("blobs", ["false"])[0].lower() == "true"
             return self._send(200, json.dumps(rev.info(blobs)).encode(), {"Content-Type": "application/json"}, body)
@@ -126,8 +137,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         data, entry = rev.body(name), rev.sibling(name)
         headers = {"X-Repo-Commit": rev.commit, "Content-Type": "application/octet-stream"}
         if "lfs" in entry:
-            headers |= {"X-Linked-Etag": f'"{entry["lfs"]["sha256"]}"', "X-Linked-Size": str(len(data)),
-                        "ETag": f'"{entry["blobId"]}"'}
+            headers |= {
+                "X-Linked-Etag": f'"{entry["lfs"]["sha256"]}"',
+                "X-Linked-Size": str(len(data)),
+                "ETag": f'"{entry["blobId"]}"',
+            }
         else:
             headers["ETag"] = f'"{entry["blobId"]}"'
         start = 0
