@@ -129,7 +129,18 @@ def main(argv: list[str] | None = None) -> int:
             help="the tokenizer is the model's own code (ChatGLM3's is); transformers refuses it otherwise",
         )
     args = parser.parse_args(argv)
-    current = record(args.model_dir, args.trust_remote_code)
+    try:
+        current = record(args.model_dir, args.trust_remote_code)
+    except ImportError as exc:
+        # The model's own tokenizer file imports what it needs (the published ChatGLM3-6B-32k one: torch).
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(
+            f"error: the tokenizer code of {args.model_dir} cannot be loaded by {sys.executable}: {first}; "
+            "fix: use the reference environment (`rm -rf .venv/tokenizer-ref && make tokenizer-lock` rebuilds it, "
+            "with the CPU torch it needs)",
+            file=sys.stderr,
+        )
+        return 2
     if args.action == "record":
         text = dumps(current)
         if args.output:

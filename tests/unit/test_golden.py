@@ -80,3 +80,13 @@ def test_check_command_exits_nonzero_with_the_fix(tmp_path, fixture_dir, fixture
 
 def test_fixture_golden_pins_the_sentencepiece_model_and_the_remote_code(fixture_record):
     assert set(fixture_record["files"]) == {"tokenizer.model", "tokenizer_config.json", "tokenization_chatglm.py"}
+
+
+def test_tokenizer_code_needing_a_missing_package_is_named_in_one_line(tmp_path, fixture_dir, capsys):
+    model = tmp_path / "needs-a-package"
+    shutil.copytree(fixture_dir, model)
+    code = model / "tokenization_chatglm.py"
+    code.write_text(code.read_text().replace("import json\n", "import json\nimport glmdeploy_no_such_package\n", 1))
+    assert main(["check", str(model), str(GOLDEN / "chatglm3-fixture.json"), "--trust-remote-code"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "glmdeploy_no_such_package" in err[0] and "fix: " in err[0]
