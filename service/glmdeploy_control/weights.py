@@ -93,12 +93,27 @@ def choose_files(listing: dict[str, dict[str, Any]], include: Iterable[str] = ()
 def fetch_hub(repo: str, revision: str, dest: Path, include: list[str], endpoint: str | None) -> dict[str, Any]:
     """Download one commit's files into `dest`, each checked against the hub's listing; returns provenance."""
     from huggingface_hub import HfApi, hf_hub_download
-    from huggingface_hub.utils import HfHubHTTPError
+    from huggingface_hub.utils import (
+        EntryNotFoundError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     api = HfApi(endpoint=endpoint)
     where = api.endpoint
     try:
         info = api.model_info(repo, revision=revision, files_metadata=True)
+    except RepositoryNotFoundError as exc:
+        raise WeightsError(
+            f"{where}: no repo named {repo}; fix: check the name (--repo), or point HF_ENDPOINT at a hub that has it"
+        ) from exc
+    except RevisionNotFoundError as exc:
+        raise WeightsError(
+            f"{where}: {repo} has no commit {revision}; fix: pin a commit from the repo's history on the hub "
+            "(a hub mirror named by HF_ENDPOINT may not have it yet)"
+        ) from exc
     except HfHubHTTPError as exc:
         raise WeightsError(f"{where}: cannot list {repo}@{revision}: {_first_line(exc)}") from exc
     except OSError as exc:
@@ -114,10 +129,19 @@ def fetch_hub(repo: str, revision: str, dest: Path, include: list[str], endpoint
         try:
             hf_hub_download(repo, name, revision=revision, local_dir=str(dest), endpoint=endpoint)
         except HfHubHTTPError as exc:
+            if isinstance(exc, EntryNotFoundError) and not isinstance(exc, LocalEntryNotFoundError):
+                raise WeightsError(
+                    f"{name}: {where} lists it at {revision} but answers 404 for it; fix: run make weights again "
+                    "later, or point HF_ENDPOINT at a hub mirror that holds the whole revision"
+                ) from exc
             raise WeightsError(f"{name}: download failed: {_first_line(exc)}") from exc
         except OSError as exc:
-            raise WeightsError(f"{name}: download failed: {exc}; fix: run make weights again") from exc
+            raise WeightsError(
+                f"{name}: the download was cut short ({_first_line(exc)}); fix: run make weights again"
+            ) from exc
         check_listed(dest / name, listing[name])
+        # The hub lists a SHA256 for LFS files only; the others were checked against their git blob id.
+        listing[name]["sha256"] = listing[name]["sha256"] or file_sha256(dest / name)
     for extra in (".cache", ".huggingface"):  # huggingface_hub's own bookkeeping in local_dir
         shutil.rmtree(dest / extra, ignore_errors=True)
     return {"source": f"hub {where}", "published": {n: listing[n] for n in names}}
@@ -151,9 +175,15 @@ def check_listed(path: Path, listed: dict[str, Any]) -> None:
         )
     if listed.get("sha256"):
         if file_sha256(path) != listed["sha256"]:
-            raise WeightsError(f"{path.name}: SHA256 differs from the hub's listing: the file was altered in transit")
+            raise WeightsError(
+                f"{path.name}: SHA256 differs from the hub's listing: the file was altered in transit; "
+                "fix: run make weights again"
+            )
     elif listed.get("git_blob") and git_blob_sha1(path) != listed["git_blob"]:
-        raise WeightsError(f"{path.name}: content differs from the hub's git object: the file was altered in transit")
+        raise WeightsError(
+            f"{path.name}: content differs from the hub's git object: the file was altered in transit; "
+            "fix: run make weights again"
+        )
 
 
 def fetch_mirror(url: str, dest: Path) -> None:
@@ -196,12 +226,12 @@ def fetch_dir(src: Path, dest: Path, include: list[str]) -> dict[str, Any] | Non
         shutil.copytree(src, dest, dirs_exist_ok=True)
         return None
     if (src / MANIFEST).is_file() or (src / REVISION_FILE).is_file():
-        have = MANIFEST if (src / MANIFEST).is_file() else REVISION_FILE
+        have, lacks = (MANIFEST, REVISION_FILE) if (src / MANIFEST).is_file() else (REVISION_FILE, MANIFEST)
         raise WeightsError(
-            f"{src} has {have} but not the other: a staged directory has both; fix: use the whole staged "
+            f"{src} has {have} but no {lacks}: a staged directory has both; fix: use the whole staged "
             f"directory, or remove {have} to stage it as a plain copy of the repo"
         )
-    listing = {
+    listing: dict[str, dict[str, Any]] = {
         p.relative_to(src).as_posix(): {"size": p.stat().st_size}
         for p in sorted(src.rglob("*"))
         if p.is_file() and not any(part.startswith(".") for part in p.relative_to(src).parts)
@@ -243,8 +273,11 @@ def serve_ready(published: Path, served: Path, provenance: dict[str, Any], repo:
                 (served / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(p, served / rel)
         if layout.kind == "bin":
-            print(f"==> converting {len(layout.shards) or 1} .bin shards to safetensors (read weights-only, "
-                  "checked against the index and config.json)", flush=True)
+            print(
+                f"==> converting {len(layout.shards) or 1} .bin shards to safetensors (read weights-only, "
+                "checked against the index and config.json)",
+                flush=True,
+            )
             converted = checkpoint.convert_bin(published, served, layout, config)
             provenance["converted"] = {"from": layout.index or "pytorch_model.bin", "to": converted}
         else:
@@ -308,12 +341,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repo", default=DEFAULT_REPO, help=f"model repo on the hub (default {DEFAULT_REPO})")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--mirror", metavar="URL", help="lab HTTP mirror serving a directory staged by this command")
-    source.add_argument("--from", dest="from_dir", type=Path, metavar="DIR", help="a plain copy of the repo, or a staged directory")
+    source.add_argument(
+        "--from", dest="from_dir", type=Path, metavar="DIR", help="a plain copy of the repo, or a staged directory"
+    )
     parser.add_argument(
         "--endpoint", help="hub address (default: HF_ENDPOINT, else the public hub); a lab's hub mirror"
     )
     parser.add_argument(
-        "--include", action="append", metavar="GLOB", help="more files to take, besides config, tokenizer, code and one checkpoint"
+        "--include",
+        action="append",
+        metavar="GLOB",
+        help="more files to take, besides config, tokenizer, code and one checkpoint",
     )
     parser.add_argument("--work", type=Path, help="work directory (default: artifacts/staging beside models/)")
     args = parser.parse_args(argv)
