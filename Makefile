@@ -235,7 +235,15 @@ wheels-prefetch: tools ## Download the cpu and gpu-cu121 wheelhouses in the back
 	  --profile $$p --python 3.11 --dest $(ARTIFACTS)/wheelhouse/$$p-py311 --cache "$(WHEEL_CACHE)"; done' \
 	  > reports/wheels-prefetch.log 2>&1 &
 
-test: test-packages hosts-prefetch wheels-prefetch lint lock-check unit e2e ## Everything CI runs: system packages, lint, lock re-resolve check, unit tests, end-to-end deploy (incl. the gpu-cu121 rehearsal)
+# make test runs its phases one after another, each timed (tests/ci/phases.py): the table at the end
+# says where the time went; reports/ci-phases.{txt,json} and a line in bench/ci/runs.jsonl keep it.
+TEST_PHASES := tools test-packages hosts-prefetch wheels-prefetch lint lock-check unit e2e
+PHASES := $(PYTHON) tests/ci/phases.py
+test: ## Everything CI runs: system packages, lint, lock re-resolve check, unit tests, end-to-end deploy (incl. the gpu-cu121 rehearsal), then a table of time per phase
+	@$(PHASES) begin
+	@rc=0; for phase in $(TEST_PHASES); do \
+	  $(PHASES) run $$phase -- $(MAKE) --no-print-directory $$phase || { rc=$$?; echo "==> make test: $$phase failed"; break; }; \
+	done; $(PHASES) report; exit $$rc
 
 hosts: tools ## Create N (default 3) fresh systemd test hosts in network namespaces; writes their inventory
 	$(HOSTCTL) up $(N)

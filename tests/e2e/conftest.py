@@ -17,6 +17,20 @@ ROOT = Path(__file__).resolve().parents[2]
 NODE_CONFIG = Path("/etc/glmdeploy/node.json")
 #: Measured figures, printed at the end of the run and saved to reports/e2e-figures.json.
 FIGURES: dict[str, object] = {}
+#: Seconds per test, setup (where deploying fixtures run) + call + teardown: reports/e2e-durations.json,
+#: read by tests/ci/phases.py for make test's per-phase table.
+DURATIONS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    DURATIONS[report.nodeid] = round(DURATIONS.get(report.nodeid, 0.0) + report.duration, 1)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if DURATIONS:
+        out = ROOT / "reports" / "e2e-durations.json"
+        out.parent.mkdir(exist_ok=True)
+        out.write_text(json.dumps(DURATIONS, indent=2) + "\n")
 
 
 def pytest_configure(config: pytest.Config) -> None:
