@@ -33,6 +33,26 @@
 #                              (512 in / 256 out); CONFIG: kit (sizing's settings, one API server),
 #                              kit-ascN (+ --api-server-count N), kit-siN (+ --stream-interval N),
 #                              default (engine defaults). One tar per call in $OUT (8-file limit).
+#   tests/gpu/h200.sh rehearsal-weights DEST   (with stage1's call) the kit's rehearsal model made
+#                              ON this machine as the control node makes it: the fixture in the
+#                              published revision's shape (seven .bin pickles, the 2023-10-26
+#                              tokenizer file), staged by `make weights`'s module into DEST
+#                              (checked, converted to safetensors, SHA256SUMS), and its manifest
+#                              compared with the control node's (bench/h200/weights/control-node-SHA256SUMS)
+#   tests/gpu/h200.sh staged MODEL_DIR   (after stage1) serve a model directory staged by
+#                              `make weights` with its REAL weights (no --load-format dummy) on the
+#                              kit's settings and served tokenizer: first as staged, then with
+#                              tests/gpu/compat (transformers >= 4.45 vs the 2023 tokenizer's _pad);
+#                              each time one generation via the kit's ids path checked against a
+#                              plain-torch forward of the weights (tests/gpu/staged_probe.py) and
+#                              the smoke suite; then a copy missing one tensor, to see whether vLLM
+#                              refuses it (0.26 does not). One tar in $OUT (staged.tar), rewritten
+#                              after each phase.
+#   tests/gpu/h200.sh params MODEL_DIR   (after stage1 + rehearsal-weights) every parameter of vLLM's
+#                              loaded model compared bit for bit with the staged checkpoint
+#                              (tests/gpu/staged_params.py), then the same for the copy missing one
+#                              tensor: vLLM 0.26's own "not initialized" check does not cover
+#                              linear/embedding weights (bench/h200/README.md, 2026-12-02 staged).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1
@@ -41,6 +61,9 @@ OUT=${OUT:-/tmp/out}
 SITE=/tmp/glmdeploy-site
 STASH=/tmp/glmdeploy-stash
 MODEL=$PWD/.gpu/chatglm3-6b-32k-architecture
+MODEL_NAME=chatglm3-fixture   # node.json's model_name: the golden file the model's tokenizer matches
+NODE_PROFILE=h200-architecture
+LOAD_ARGS="--load-format dummy"   # random weights; `staged` loads the model directory's own
 export PYTHONPATH=$SITE:$PWD/service
 NODE=/tmp/node.json
 TOKENIZER_MODE=${GLMDEPLOY_H200_TOKENIZER:-served}
@@ -79,8 +102,8 @@ tokenizer_args() {  # the server's tokenizer arguments for TOKENIZER_MODE
 node_json() {  # the node config the smoke suite and the bench read
   cat > "$NODE" <<EOF
 {"api_url": "http://127.0.0.1:8000/v1", "served_model_name": "chatglm3-6b-32k", "model_dir": "$MODEL",
- "model_name": "chatglm3-fixture", "server_returns_token_ids": true,
- "profile": "h200-architecture", "dtype": "float16", "max_model_len": 32768, "trust_remote_code": true,
+ "model_name": "$MODEL_NAME", "server_returns_token_ids": true,
+ "profile": "$NODE_PROFILE", "dtype": "float16", "max_model_len": 32768, "trust_remote_code": true,
  "gpu": {"min_driver": "530.30.02", "min_memory_mib": 22500},
  "service_unit": "none", "service_log_file": "$1"}
 EOF
@@ -92,7 +115,7 @@ start_server() {  # $1: label; the rest: extra vLLM arguments
   node_json "$log"
   [ "$TOKENIZER_MODE" != served ] || [ -f "$TOKDIR/tokenizer_config.json" ] || served_tokenizer || return 1
   local tok; tok=$(tokenizer_args) || return 1
-  echo "==> [$label] vllm serve ($TOKENIZER_MODE tokenizer): $tok $*"
+  echo "==> [$label] vllm serve ($TOKENIZER_MODE tokenizer) $MODEL ${LOAD_ARGS:-(weights from the checkpoint)}: $tok $*"
   local t0=$SECONDS
   # `python -m vllm.entrypoints.openai.api_server` (the kit's launcher) parses --api-server-count
   # and ignores it (its __main__ always runs one server); `vllm serve` (cli/serve.py) honours it.
@@ -100,10 +123,10 @@ start_server() {  # $1: label; the rest: extra vLLM arguments
   for a in "$@"; do [ "$prev" != --api-server-count ] || { entry=(-m vllm.entrypoints.cli.main serve); servers=$a; }; prev=$a; done
   echo "==> [$label] python3 ${entry[*]} (API servers: $servers)"
   python3 "${entry[@]}" --model "$MODEL" --served-model-name chatglm3-6b-32k \
-    --load-format dummy --dtype float16 --max-model-len 32768 --host 127.0.0.1 --port 8000 \
+    $LOAD_ARGS --dtype float16 --max-model-len 32768 --host 127.0.0.1 --port 8000 \
     --trust-remote-code $tok "$@" > "$log" 2>&1 &
   SERVER=$!
-  for _ in $(seq 1 300); do
+  for _ in $(seq 1 "${START_WAIT:-300}"); do
     if python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null; then
       echo "==> [$label] ready after $((SECONDS - t0)) s"
       # Several API servers: /health answers once the first serves; wait (<= 60 s) for the others.
@@ -114,7 +137,7 @@ start_server() {  # $1: label; the rest: extra vLLM arguments
     if ! kill -0 $SERVER 2>/dev/null; then echo "==> [$label] server died"; tail -40 "$log"; return 1; fi
     sleep 1
   done
-  echo "==> [$label] not ready after 300 s"; tail -40 "$log"; return 1
+  echo "==> [$label] not ready after ${START_WAIT:-300} s"; tail -40 "$log"; return 1
 }
 
 kit_args() {  # the settings glmdeploy.sizing derives for this node's GPU, as vLLM arguments ($@: sizing options)
@@ -132,6 +155,22 @@ stop_server() {  # and wait until the GPU is free again (the next server takes 9
 bench() {  # $1: label; the rest: bench arguments
   local label=$1; shift
   python3 -m glmdeploy.bench run --node-config "$NODE" --label "$label" --json "$OUT/bench-$label.json" "$@"
+}
+
+missing_one() {  # $1: a staged model dir; a copy (symlinks) with one tensor taken out of its shard, index unchanged
+  local neg=/tmp/glmdeploy-models/$(basename "$1")-missing-one; rm -rf "$neg"; mkdir -p "$neg"
+  for f in "$1"/*; do ln -s "$f" "$neg/"; done
+  python3 - "$1" "$neg" <<'PY'
+import json, os, sys
+from safetensors.torch import load_file, save_file
+src, neg = sys.argv[1:]
+name = "transformer.encoder.layers.13.self_attention.dense.weight"
+shard = json.load(open(f"{src}/model.safetensors.index.json"))["weight_map"][name]
+t = load_file(f"{src}/{shard}"); del t[name]
+os.unlink(f"{neg}/{shard}"); save_file(t, f"{neg}/{shard}", metadata={"format": "pt"})
+print(f"negative control: {name} removed from {shard} (index still names it)")
+PY
+  echo "$neg"
 }
 
 case "${1:-}" in
@@ -265,6 +304,107 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob("bench-*.json")):
 PY
   ls -la "$OUT_FINAL"
   ;;
+rehearsal-weights)  # the rehearsal model made here as the control node makes it (`make rehearsal-source`, `make weights`)
+  dest=${2:?usage: $0 rehearsal-weights DEST}
+  src=/tmp/glmdeploy-published/$(basename "$dest")
+  python3 -c "import sentencepiece, google.protobuf, numpy, safetensors, torch, huggingface_hub as h; print('sentencepiece', sentencepiece.__version__, 'protobuf', google.protobuf.__version__, 'numpy', numpy.__version__, 'safetensors', safetensors.__version__, 'torch', torch.__version__, 'huggingface_hub', h.__version__)" 2>&1 | tee "$OUT/weights-staging.txt"
+  rm -rf "$src" "$dest" /tmp/glmdeploy-staging
+  t0=$SECONDS
+  { echo "\$ python3 -m glmdeploy_control.fixture --shape published --kv-geometry $src"
+    python3 -m glmdeploy_control.fixture --shape published --kv-geometry "$src" || exit 1
+    ls -l "$src"
+    echo "\$ python3 -m glmdeploy_control.weights --revision c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00 --from $src --dest $dest --work /tmp/glmdeploy-staging"
+    python3 -m glmdeploy_control.weights --revision c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00 --from "$src" --dest "$dest" --work /tmp/glmdeploy-staging || exit 1
+    ls -l "$dest"; echo "(source + staging: $((SECONDS - t0)) s)"
+  } 2>&1 | tee -a "$OUT/weights-staging.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
+  # The control node's staged manifest (artifacts/models/chatglm3-rehearsal/SHA256SUMS, copied into bench/h200/weights/)
+  # and SOURCE.json, whose only machine-specific field is the source directory's path.
+  if diff <(grep -v ' SOURCE.json$' bench/h200/weights/control-node-SHA256SUMS | sort -k2) \
+          <(grep -v ' SOURCE.json$' "$dest/SHA256SUMS" | sort -k2) > "$OUT/weights-sha256-diff.txt"; then
+    echo "==> every staged file but SOURCE.json has the control node's SHA256 ($(grep -vc ' SOURCE.json$' "$dest/SHA256SUMS") files)" | tee -a "$OUT/weights-staging.txt"
+  else
+    echo "==> staged files differ from the control node's (weights-sha256-diff.txt)" | tee -a "$OUT/weights-staging.txt"
+  fi
+  python3 - bench/h200/weights/control-node-SOURCE.json "$dest/SOURCE.json" <<'PY' 2>&1 | tee -a "$OUT/weights-staging.txt"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+pa, pb = a.pop("source", None), b.pop("source", None)
+print("==> SOURCE.json", "same as the control node's" if a == b else "DIFFERS from the control node's", f"apart from the source path ({pa} / {pb})")
+PY
+  (cd "$dest" && sha256sum -c --quiet SHA256SUMS && echo "==> sha256sum -c SHA256SUMS: all OK") 2>&1 | tee -a "$OUT/weights-staging.txt"
+  ;;
+staged)  # a model directory staged by `make weights`, served with its real weights (after stage1)
+  MODEL=$(cd "${2:?usage: $0 staged MODEL_DIR}" && pwd) || exit 1
+  MODEL_NAME=$(basename "$MODEL") NODE_PROFILE=h200-staged LOAD_ARGS=""
+  TOKDIR=/tmp/glmdeploy-release-staged/tokenizer
+  RES=/tmp/staged-$(date -u +%H%M%S); mkdir -p "$RES"; OUT_FINAL=$OUT; OUT=$RES
+  keep() { (cd "$RES" && tar -cf "$OUT_FINAL/staged.tar" .); }
+  cp .gpu/vllm.tar.xz.part* "$STASH"/ 2>/dev/null
+  [ -d "$SITE/fastapi" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --upgrade --target "$SITE" .whl/*.whl || exit 1
+  [ -d "$SITE/vllm" ] || { cat "$STASH"/vllm.tar.xz.part* | xz -d -T0 | tar -C "$SITE" -xf - || exit 1; }
+  { python3 -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    echo "model $MODEL ($(du -sh "$MODEL" | cut -f1))"; cat "$MODEL/REVISION"
+    (cd "$MODEL" && sha256sum -c --quiet SHA256SUMS && echo "SHA256SUMS: all OK")
+    grep -n "^import torch\|^FILE_SHAPE" "$MODEL/tokenization_chatglm.py"
+  } 2>&1 | tee "$RES/versions.txt"
+  served_tokenizer || exit 1
+  weights_lines() {  # vLLM's own lines on where the weights came from and what loading took
+    grep -iE "load_format|load.format|Loading weights|Loading safetensors|Model loading took|not initialized|weights were|dummy|Starting to load model|ValueError|padding_side|Error" \
+      "$RES/server-$1.log" | cut -c1-400 | head -40 | tee "$RES/weights-lines-$1.txt"
+  }
+  smoke() {  # $1: label
+    GLMDEPLOY_NODE_CONFIG=$NODE SMOKE_JSON=$RES/smoke-$1.json timeout 180 python3 -m pytest -q -rs -p no:cacheprovider \
+      smoke_tests --junitxml "$RES/smoke-$1.xml" 2>&1 | tee "$RES/smoke-$1.txt" | tail -40
+  }
+  probe() {  # $1: label
+    timeout 180 python3 tests/gpu/staged_probe.py --node "$NODE" --json "$RES/probe-$1.json" 2>&1 | tee "$RES/probe-$1.txt" | tail -c 4000
+  }
+  args=$(kit_args); echo "==> kit settings: $args" | tee -a "$RES/versions.txt"
+  # 1. The model directory exactly as staged, on this stack's transformers.
+  # shellcheck disable=SC2086
+  if start_server staged-asis $args; then
+    weights_lines staged-asis; probe staged-asis; smoke staged-asis; stop_server
+  else
+    weights_lines staged-asis; stop_server
+  fi
+  cp "$NODE" "$RES/node.json"; keep
+  # 2. The same, with the padding_side shim (tests/gpu/compat/sitecustomize.py) in every process.
+  export PYTHONPATH=$PWD/tests/gpu/compat:$PYTHONPATH
+  # shellcheck disable=SC2086
+  if start_server staged $args; then
+    weights_lines staged; probe staged; smoke staged; stop_server
+  else
+    weights_lines staged; stop_server
+  fi
+  keep
+  # 3. Negative control: the same directory with one tensor taken out of its shard (index unchanged):
+  #    does vLLM's loader refuse to start ("not initialized from checkpoint")? vLLM 0.26 does not (see `params`).
+  neg=$(missing_one "$MODEL" | tee "$RES/negative.txt" | tail -1)
+  MODEL=$neg
+  # shellcheck disable=SC2086
+  if START_WAIT=150 start_server staged-missing-one $args; then
+    echo "==> vLLM served a checkpoint missing a tensor (its own check did not catch it)" | tee -a "$RES/negative.txt"; stop_server
+  else
+    echo "==> vLLM refused the checkpoint missing a tensor" | tee -a "$RES/negative.txt"; stop_server
+  fi
+  weights_lines staged-missing-one
+  keep; ls -la "$RES"
+  ;;
+params)  # (after stage1) every parameter vLLM loaded vs the staged checkpoint, bit for bit; then the negative control
+  MODEL=$(cd "${2:?usage: $0 params MODEL_DIR}" && pwd) || exit 1
+  cp .gpu/vllm.tar.xz.part* "$STASH"/ 2>/dev/null
+  [ -d "$SITE/vllm" ] || { cat "$STASH"/vllm.tar.xz.part* | xz -d -T0 | tar -C "$SITE" -xf - || exit 1; }
+  neg=$(missing_one "$MODEL" | tee "$OUT/negative.txt" | tail -1)
+  for d in "$MODEL" "$neg"; do
+    b=$(basename "$d")
+    echo "==> python3 tests/gpu/staged_params.py $d $MODEL"
+    timeout 240 python3 tests/gpu/staged_params.py "$d" "$MODEL" "$OUT/params-$b.json" > "$OUT/params-$b.log" 2>&1; echo "rc $?"
+    grep -E "Loading weights took|Model loading took|not initialized|Error|^\{" "$OUT/params-$b.log" | cut -c1-1500 | tail -8
+  done
+  ;;
 stage3)
   start_server default || exit 1
   bench default --input-lens 512 --output-lens 256 --concurrency 1,64
@@ -277,5 +417,5 @@ stage3)
   stop_server
   ;;
 *)
-  echo "usage: $0 stage1|stage2|stage2b|stage3|served|baseline|tp2|frontend CONFIG..." >&2; exit 2 ;;
+  echo "usage: $0 stage1|stage2|stage2b|stage3|served|baseline|tp2|frontend CONFIG...|rehearsal-weights DEST|staged MODEL_DIR|params MODEL_DIR" >&2; exit 2 ;;
 esac
