@@ -16,6 +16,10 @@ FORCE_PROFILE := $(if $(filter command line environment,$(origin PROFILE)),-e gl
 # Wheels kept on this machine across checkouts and CI runs (checked by hash on every use).
 WHEEL_CACHE ?= /var/cache/glmdeploy/wheels
 export GLMDEPLOY_WHEEL_CACHE := $(WHEEL_CACHE)
+# Environment packs (a lock's installed environment, zstd) kept the same way: a new checkout's first
+# deploy unpacks the pack an earlier deploy of the same lock built instead of running pip.
+PACK_CACHE ?= /var/cache/glmdeploy/packs
+export GLMDEPLOY_PACK_CACHE := $(PACK_CACHE)
 NODE_PY   ?= 311
 INVENTORY ?= playbooks/localhost.ini
 ANSIBLE_ARGS ?=
@@ -49,12 +53,13 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
+.PHONY: test-inputs test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@echo "  variables: INVENTORY=$(INVENTORY)  ANSIBLE_ARGS=...  PROFILE=cpu|gpu-cu121 (forces one profile on every node;"
 	@echo "             unset, each node's inventory setting or hardware decides)  WHEEL_CACHE=$(WHEEL_CACHE)"
+	@echo "             PACK_CACHE=$(PACK_CACHE) (environment packs kept across checkouts; empty: off)"
 	@echo "             LOCK_WAIT=$(LOCK_WAIT) (seconds a deploy, rollout, rollback or undeploy waits for another run on the same inventory)"
 	@echo "             ARTIFACT_PORT=$(ARTIFACT_PORT) (the port make deploy/rollout serve artifacts/ on to other machines; 0: a free one)"
 
@@ -235,15 +240,34 @@ wheels-prefetch: tools ## Download the cpu and gpu-cu121 wheelhouses in the back
 	  --profile $$p --python 3.11 --dest $(ARTIFACTS)/wheelhouse/$$p-py311 --cache "$(WHEEL_CACHE)"; done' \
 	  > reports/wheels-prefetch.log 2>&1 &
 
-# make test runs its phases one after another, each timed (tests/ci/phases.py): the table at the end
-# says where the time went; reports/ci-phases.{txt,json} and a line in bench/ci/runs.jsonl keep it.
-TEST_PHASES := tools test-packages hosts-prefetch wheels-prefetch lint lock-check unit e2e
+# make test runs its phases, each timed (tests/ci/phases.py): the table at the end says where the
+# time went; reports/ci-phases.{txt,json} and a line in bench/ci/runs.jsonl keep it. The first
+# phases run one after another (the rootfs and the wheels download in the background meanwhile);
+# then lint, the lock check and the unit tests run on the second core while the end-to-end tests
+# deploy (their output is kept in reports/checks/ and printed once the end-to-end tests end).
+TEST_FIRST  := tools test-packages hosts-prefetch wheels-prefetch test-inputs
+TEST_BESIDE := lint lock-check unit
+TEST_MAIN   := e2e
 PHASES := $(PYTHON) tests/ci/phases.py
 test: ## Everything CI runs: system packages, lint, lock re-resolve check, unit tests, end-to-end deploy (incl. the gpu-cu121 rehearsal), then a table of time per phase
 	@$(PHASES) begin
-	@rc=0; for phase in $(TEST_PHASES); do \
+	@rc=0; for phase in $(TEST_FIRST); do \
 	  $(PHASES) run $$phase -- $(MAKE) --no-print-directory $$phase || { rc=$$?; echo "==> make test: $$phase failed"; break; }; \
-	done; $(PHASES) report; exit $$rc
+	done; \
+	if [ $$rc = 0 ]; then \
+	  rm -rf reports/checks && mkdir -p reports/checks; \
+	  echo "==> $(TEST_BESIDE) run beside the end-to-end tests (reports/checks/, printed at the end)"; \
+	  ( crc=0; for phase in $(TEST_BESIDE); do $(PHASES) run --beside $(TEST_MAIN) $$phase -- $(MAKE) --no-print-directory $$phase \
+	      > reports/checks/$$phase.log 2>&1 || { crc=1; echo "==> make test: $$phase failed (reports/checks/$$phase.log)"; }; \
+	    done; exit $$crc ) & checks=$$!; \
+	  $(PHASES) run $(TEST_MAIN) -- $(MAKE) --no-print-directory $(TEST_MAIN) || { rc=$$?; echo "==> make test: $(TEST_MAIN) failed"; }; \
+	  wait $$checks || rc=1; \
+	  for phase in $(TEST_BESIDE); do test -f reports/checks/$$phase.log || continue; \
+	    echo "==> make $$phase (ran beside $(TEST_MAIN))"; cat reports/checks/$$phase.log; done; \
+	fi; $(PHASES) report; exit $$rc
+
+# What the end-to-end tests and the unit tests both read, made once before they run side by side.
+test-inputs: tools $(REFENV_READY) fixture
 
 hosts: tools ## Create N (default 3) fresh systemd test hosts in network namespaces; writes their inventory
 	$(HOSTCTL) up $(N)

@@ -70,16 +70,24 @@ def cmd_begin() -> int:
     return 0
 
 
-def cmd_run(name: str, command: list[str]) -> int:
+def cmd_run(name: str, command: list[str], beside: str = "") -> int:
+    """Run one phase; `beside`: the phase it runs alongside (its time overlaps that one's)."""
     start = time.monotonic()
     rc = subprocess.run(command, check=False).returncode
-    _append({"phase": name, "seconds": round(time.monotonic() - start, 1), "rc": rc})
+    entry: dict[str, object] = {"phase": name, "seconds": round(time.monotonic() - start, 1), "rc": rc}
+    if beside:
+        entry["beside"] = beside
+    _append(entry)
     return rc
 
 
 def _table(rows: list[tuple[str, str, str]]) -> str:
     width = max(len(r[0]) for r in rows)
     return "\n".join(f"  {a:<{width}}  {b:>9}  {c}" for a, b, c in rows)
+
+
+def _label(phase: dict[str, object]) -> str:
+    return f"{phase['phase']} (beside {phase['beside']})" if phase.get("beside") else str(phase["phase"])
 
 
 def cmd_report() -> int:
@@ -98,6 +106,7 @@ def cmd_report() -> int:
         "commit": head["commit"],
         "machine": head["machine"],
         "phases": {p["phase"]: p["seconds"] for p in phases},
+        "beside": {p["phase"]: p["beside"] for p in phases if p.get("beside")},
         "failed": [p["phase"] for p in phases if p["rc"] != 0],
         "deploys_s": deploys,
         "e2e_tests_over_20s": long_tests,
@@ -105,9 +114,9 @@ def cmd_report() -> int:
         "total_s": total,
     }
     rows = [("phase", "seconds", "")]
-    rows += [(p["phase"], f"{p['seconds']:.1f}", "FAILED" if p["rc"] else "") for p in phases]
+    rows += [(_label(p), f"{p['seconds']:.1f}", "FAILED" if p["rc"] else "") for p in phases]
     rows += [(f"  deploy: {k}", f"{v:.1f}", "") for k, v in deploys.items()]
-    rows += [(f"  e2e: {k}", f"{v:.1f}", "") for k, v in long_tests.items()]
+    rows += [(f"  e2e: {k.removeprefix('tests/e2e/')}", f"{v:.1f}", "") for k, v in long_tests.items()]
     if e2e:
         short = f"  e2e: {len(e2e) - len(long_tests)} tests under {LONG_TEST_S:.0f} s"
         rows.append((short, f"{record['e2e_tests_under_20s_s']:.1f}", ""))
@@ -133,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="action", required=True)
     sub.add_parser("begin", help="start a run: clear the phase log, note the machine's state")
     run = sub.add_parser("run", help="run a command as one named phase")
+    run.add_argument("--beside", default="", metavar="PHASE", help="the phase this one runs alongside")
     run.add_argument("name")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND...")
     sub.add_parser("report", help="print and save the table; append a line to bench/ci/runs.jsonl")
@@ -143,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         if not command:
             parser.error("run NAME -- COMMAND...: no command given")
-        return cmd_run(args.name, command)
+        return cmd_run(args.name, command, args.beside)
     return cmd_report()
 
 

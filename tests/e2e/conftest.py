@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +16,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_CONFIG = Path("/etc/glmdeploy/node.json")
+#: What `make undeploy` must keep on the control node: the staged model and the wheelhouse.
+FIXTURE = ROOT / "artifacts" / "models" / "chatglm3-fixture"
+WHEELHOUSE = ROOT / "artifacts" / "wheelhouse" / "cpu-py311"
 #: Measured figures, printed at the end of the run and saved to reports/e2e-figures.json.
 FIGURES: dict[str, object] = {}
 #: Seconds per test, setup (where deploying fixtures run) + call + teardown: reports/e2e-durations.json,
@@ -72,7 +76,8 @@ def make(*args: str, timeout: int = 1800, env: dict[str, str] | None = None) -> 
     logs.mkdir(parents=True, exist_ok=True)
     number = len(list(logs.glob("*.log"))) + 1
     name = "-".join(a.split("=")[0].lower() for a in args)[:60]
-    (logs / f"{number:03d}-{name}.log").write_text(
+    proc.log = logs / f"{number:03d}-{name}.log"  # type: ignore[attr-defined]
+    proc.log.write_text(  # type: ignore[attr-defined]
         f"$ make {' '.join(args)}\nrc={proc.returncode} elapsed={proc.elapsed:.1f}s\n\n{proc.stdout}\n{proc.stderr}"  # type: ignore[attr-defined]
     )
     sys.stdout.write(f"\n$ make {' '.join(args)}  ({proc.elapsed:.1f}s, rc={proc.returncode})\n")  # type: ignore[attr-defined]
@@ -152,16 +157,90 @@ def one_engine_left(before: list[dict], after: list[dict]) -> None:
     assert rss[1] < 1.5 * rss[0], f"model server RSS {rss[1]} KiB after the restart, {rss[0]} KiB before"
 
 
-@pytest.fixture(scope="session")
+#: A PLAY RECAP row of a host that failed or could not be reached.
+RECAP_FAILED = re.compile(r"^\S+\s*:\s*ok=\d+.*\b(?:failed|unreachable)=[1-9]")
+#: The keys of a failed task's result that say why, and how many of their lines are shown.
+WHY_KEYS, WHY_LINES = ("msg:", "stderr:"), 20
+
+
+def deploy_failure_summary(proc: subprocess.CompletedProcess[str]) -> str:
+    """Why a `make` run of Ansible failed, in a few lines: each failed task's name, its `fatal:` line
+    and the msg and stderr of its result, Ansible's own errors, the PLAY RECAP rows of the hosts
+    that failed, and where the full output is. A deploying fixture fails with this, once: the
+    reason itself, not "make deploy failed" over an output tail the reason has scrolled out of."""
+    lines = f"{proc.stdout}\n{proc.stderr}".splitlines()
+    said, errors, recap = [], [], []
+    task, i = "", 0
+    while i < len(lines):
+        line, i = lines[i].rstrip(), i + 1
+        if line.startswith(("TASK [", "RUNNING HANDLER [")):
+            task = line.rstrip("* ")
+        elif line.startswith(("fatal: [", "failed: [")):
+            end = _result_end(lines, i)
+            if lines[end : end + 1] != ["...ignoring"]:  # not one the play expected (ignore_errors)
+                said += [task] * bool(task and task not in said) + [line, *_why(lines[i:end])]
+            i = end
+        elif line.startswith(("[ERROR]", "ERROR!")):  # told only when no task failed (a playbook not loaded)
+            errors.append(line)
+        elif RECAP_FAILED.match(line):
+            recap.append(line)
+    # Not Ansible's failure (the run lock, make itself): the end of what the run printed.
+    tail = [line for line in lines if line.strip()][-15:]
+    said = (said or errors) + recap if said or errors else tail
+    return "\n".join([*said, f"full output: {getattr(proc, 'log', 'not saved')}"])
+
+
+def _result_end(lines: list[str], start: int) -> int:
+    """Where the task result printed below a `fatal:` line ends (Ansible's yaml result format
+    indents it; a blank line can sit inside a multi-line message)."""
+    end = start
+    while end < len(lines) and (not lines[end].strip() or lines[end][:1].isspace()):
+        end += 1
+    while end > start and not lines[end - 1].strip():
+        end -= 1
+    return end
+
+
+def _why(result: list[str]) -> list[str]:
+    """The msg and stderr of a printed task result: each key's line and the deeper-indented lines below it."""
+    depth = min((len(line) - len(line.lstrip()) for line in result if line.strip()), default=0)
+    kept, keeping = [], False
+    for line in result:
+        if line.strip() and len(line) - len(line.lstrip()) == depth:
+            keeping = line.lstrip().startswith(WHY_KEYS)
+        if keeping:
+            kept.append(line.rstrip())
+    return kept[:WHY_LINES]
+
+
+def undeployed(api_url: str) -> None:
+    """`make undeploy` removes the services and the node's files and keeps the control node's
+    artifacts. Checked by the deploying fixture's teardown, not by a test: undeploying in a test
+    takes the node from every test after it."""
+    down = make("undeploy")
+    assert down.returncode == 0, f"make undeploy failed:\n{deploy_failure_summary(down)}"
+    assert not Path("/opt/glmdeploy").exists() and not Path("/etc/glmdeploy").exists()
+    assert (FIXTURE / "SHA256SUMS").exists() and any(WHEELHOUSE.glob("*.whl"))
+    with pytest.raises(OSError):
+        urllib.request.urlopen(api_url + "/models", timeout=5)
+
+
+@pytest.fixture(scope="module")
 def deployed() -> dict:
-    """Deploy once for the whole session; undeploy at the end, whatever happened."""
+    """Deploy once for the module's tests; undeploy at its end, whatever happened, and check what
+    undeploy removed and kept. Module, not session: the node is gone before the fleet and role tests
+    start, as when a test undeployed it, so they do not share the machine with its services."""
     if os.geteuid() != 0:
         pytest.skip("the end-to-end deploy installs services and a system user: run as root")
     cold = make("deploy")
-    assert cold.returncode == 0, "make deploy failed"
-    assert "UI:" in cold.stdout and "API:" in cold.stdout and "smoke:" in cold.stdout
+    if cold.returncode != 0 or not all(word in cold.stdout for word in ("UI:", "API:", "smoke:")):
+        # The whole run stops here, with this deploy's own reason, once: every test of the node
+        # needs it, and the fleet and the role scenarios run the same roles (half an hour to fail
+        # the same way). Raising instead would repeat one fixture error for each test.
+        said = "failed" if cold.returncode else "printed no UI:, API: and smoke: lines"
+        pytest.exit(f"make deploy (the first of this run) {said}:\n{deploy_failure_summary(cold)}", returncode=1)
     node = json.loads(NODE_CONFIG.read_text())
     FIGURES["make deploy, first in this run (s)"] = round(cold.elapsed, 1)  # type: ignore[attr-defined]
-    yield {"node": node, "cold_s": cold.elapsed, "cold_out": cold.stdout}  # type: ignore[attr-defined]
-    down = make("undeploy")
-    assert down.returncode == 0, "make undeploy failed"
+    release = Path("/opt/glmdeploy/current").resolve().name
+    yield {"node": node, "release": release, "cold_s": cold.elapsed, "cold_out": cold.stdout}  # type: ignore[attr-defined]
+    undeployed(node["api_url"])

@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import FIGURES, ROOT, SERVICE_USER_PROCESSES, make, one_engine_left
+from conftest import FIGURES, ROOT, SERVICE_USER_PROCESSES, deploy_failure_summary, make, one_engine_left
 
 sys.path.insert(0, str(ROOT / "tests" / "hosts"))
 sys.path.insert(0, str(ROOT / "tests" / "hub"))
@@ -55,7 +55,7 @@ REASON = "gpu-cu121 rehearsal on a test host, the GPU executor of vLLM is a stan
 # model, and what a host without a card needs (no GPU check, no driver module to load).
 GPU_VARS = (
     f"glmdeploy_profile=gpu-cu121 vllm_server_gpu_class=rtx-4090 model_name=chatglm3-rehearsal"
-    f" preflight_require_gpu=false nvidia_driver_gpu_present=false python_env_pack=false"
+    f" preflight_require_gpu=false nvidia_driver_gpu_present=false"
     f" vllm_server_extra_env={{}} smoke_gpu_absent_reason='{REASON}'"
 )
 
@@ -138,27 +138,65 @@ def stage_rehearsal_model_from_the_hub_standin() -> subprocess.CompletedProcess[
     return staged
 
 
-@pytest.fixture(scope="module")
-def fleet():
-    """Three fresh hosts, deployed once by `make deploy` (each test asserts its own part of it)."""
+class FleetNotDeployed(Exception):
+    """A step of the fleet's first deploy failed; its message is what `fleet` reports, once."""
+
+
+def deploy_fleet(peak: MemoryPeak, timings: dict) -> dict:
+    """Stage the rehearsal model, create three fresh hosts, deploy them once with `make deploy`."""
     staged = stage_rehearsal_model_from_the_hub_standin()
-    peak = MemoryPeak()
     peak.start()
     created = make("hosts", "N=3")
-    assert created.returncode == 0, "make hosts failed"
+    if created.returncode != 0:
+        raise FleetNotDeployed(f"make hosts failed:\n{deploy_failure_summary(created)}")
     hosts = json.loads((STATE / "hosts.json").read_text())
-    timings = {"create_s": hosts["create_s"]}
+    timings["create_s"] = hosts["create_s"]
+    put_standin(GPU)
+    inventory = write_inventory(Path(hosts["inventory"]))
+    converge = make("deploy", f"INVENTORY={inventory}", timeout=2400)
+    timings["converge_s"] = round(converge.elapsed, 1)  # type: ignore[attr-defined]
+    if converge.returncode != 0:
+        raise FleetNotDeployed(f"make deploy of the fleet failed:\n{deploy_failure_summary(converge)}")
+    smoke = ROOT / "reports" / "smoke" / GPU / "smoke.json"
+    fleet = {"inventory": str(inventory), "timings": timings, "peak": peak, "converge": converge, "staged": staged}
+    # As this deploy left them: each host's release, and the rehearsal node's smoke report
+    # (make verify and every later deploy rewrite reports/smoke/).
+    fleet["releases"] = {host: releases_of(host)["current"] for host in HOSTS}
+    fleet["gpu_smoke"] = json.loads(smoke.read_text()) if smoke.is_file() else None
+    return fleet
+
+
+@pytest.fixture(scope="module")
+def deployed_fleet():
+    """Three fresh hosts, deployed once by `make deploy` (each test asserts its own part of it);
+    when a step of that failed, why (`fleet` reports it). The hosts go, whatever happened."""
+    peak, timings = MemoryPeak(), {}
     try:
-        put_standin(GPU)
-        inventory = write_inventory(Path(hosts["inventory"]))
-        converge = make("deploy", f"INVENTORY={inventory}", timeout=2400)
-        timings["converge_s"] = round(converge.elapsed, 1)  # type: ignore[attr-defined]
-        yield {"inventory": str(inventory), "timings": timings, "peak": peak, "converge": converge, "staged": staged}
+        try:
+            state = deploy_fleet(peak, timings)
+        except (FleetNotDeployed, AssertionError) as failed:
+            state = {"failure": str(failed)}
+        yield state
     finally:
         peak.stop.set()
         FIGURES["3-host mixed fleet, 2 cpu + 1 gpu-cu121 rehearsal (s)"] = timings
         FIGURES["peak memory used during the fleet test (MiB)"] = round(peak.peak_mib)
         make("hosts-down")
+
+
+@pytest.fixture
+def fleet(deployed_fleet: dict) -> dict:
+    """The deployed fleet. After a failed first deploy, the first test that needs it fails with that
+    deploy's own message and every later one is skipped: one error, not the same one per test.
+
+    Not pytest.exit, as for this machine's node (conftest.deployed): the tests after this module
+    (the node lock, the role scenarios) need neither the fleet nor its hosts."""
+    if "failure" not in deployed_fleet:
+        return deployed_fleet
+    if not deployed_fleet.get("reported"):
+        deployed_fleet["reported"] = True
+        pytest.fail(f"the fleet's first deploy failed:\n{deployed_fleet['failure']}", pytrace=False)
+    pytest.skip("not run: the fleet's first deploy failed (see the first error)")
 
 
 def node_json(host: str) -> dict:
@@ -179,7 +217,21 @@ def test_mixed_fleet_converges_with_each_host_on_its_own_profile(fleet):
     assert [node_json(h)["server_returns_token_ids"] for h in HOSTS] == [True, True, False]
 
 
+def on_first_releases(fleet: dict, failed_kept: bool = True) -> None:
+    """Own precondition of the tests that hold the fleet to its first deploy: every host on the
+    release that deploy gave it and, unless failed_kept, no failed release (the next deploy prunes
+    those: a change). The drills leave it otherwise (rollouts, a rollback, releases failed on
+    purpose): then a deploy first, which must pass."""
+    now = {host: releases_of(host) for host in HOSTS}
+    failed = [r["id"] for host in HOSTS for r in now[host]["releases"] if r["state"] == "failed"]
+    if all(now[host]["current"] == fleet["releases"][host] for host in HOSTS) and (failed_kept or not failed):
+        return
+    proc = make("deploy", f"INVENTORY={fleet['inventory']}", timeout=2400)
+    assert proc.returncode == 0, f"make deploy, back to the first releases, failed:\n{deploy_failure_summary(proc)}"
+
+
 def test_second_deploy_reports_no_change_on_any_host(fleet):
+    on_first_releases(fleet, failed_kept=False)
     proc = make("deploy", f"INVENTORY={fleet['inventory']}", timeout=900)
     fleet["timings"]["idempotent_rerun_s"] = round(proc.elapsed, 1)
     rows = recap(proc.stdout)
@@ -188,6 +240,7 @@ def test_second_deploy_reports_no_change_on_any_host(fleet):
 
 
 def test_verify_prints_one_table_with_both_profiles_side_by_side(fleet):
+    on_first_releases(fleet)
     proc = make("verify", f"INVENTORY={fleet['inventory']}", timeout=900)
     fleet["timings"]["verify_3_hosts_s"] = round(proc.elapsed, 1)
     assert proc.returncode == 0, "make verify found differences on a freshly deployed fleet"
@@ -275,7 +328,8 @@ def test_rehearsal_model_came_from_the_hub_standin_as_safetensors_and_holds_no_p
 
 def test_rehearsal_smoke_suite_passes_and_says_why_gpu_checks_skip(fleet):
     assert fleet["converge"].returncode == 0, "the fleet did not deploy"
-    report = json.loads((ROOT / "reports" / "smoke" / GPU / "smoke.json").read_text())
+    report = fleet["gpu_smoke"]  # the deploy's own, read right after it
+    assert report, f"the fleet's deploy left no reports/smoke/{GPU}/smoke.json"
     assert report["counts"]["failed"] == 0, [r for r in report["results"] if r["outcome"] == "failed"]
     skipped = [r for r in report["results"] if r["outcome"] == "skipped"]
     assert skipped and all(
@@ -428,11 +482,13 @@ def test_api_beyond_localhost_requires_the_key_and_the_key_stays_secret(fleet):
 def test_drained_node_gets_no_requests_until_undrained(fleet):
     key = KEY_FILE.read_text().strip()
     drained = make("drain", f"INVENTORY={fleet['inventory']}", "HOST=testhost2")
-    assert drained.returncode == 0, drained.stdout[-2000:]
-    before = completions_served("testhost2")
-    assert all(lb_generate(key, max_tokens=2)[0] == 200 for _ in range(9))
-    assert completions_served("testhost2") == before, "a drained node was sent requests"
-    back = make("undrain", f"INVENTORY={fleet['inventory']}", "HOST=testhost2")
+    try:
+        assert drained.returncode == 0, drained.stdout[-2000:]
+        before = completions_served("testhost2")
+        assert all(lb_generate(key, max_tokens=2)[0] == 200 for _ in range(9))
+        assert completions_served("testhost2") == before, "a drained node was sent requests"
+    finally:  # back behind the balancer whatever happened: later tests send it requests
+        back = make("undrain", f"INVENTORY={fleet['inventory']}", "HOST=testhost2")
     assert back.returncode == 0, back.stdout[-2000:]
     assert all(lb_generate(key, max_tokens=2)[0] == 200 for _ in range(9))
     assert completions_served("testhost2") > before, "an undrained node got no requests"
@@ -443,16 +499,22 @@ def test_drained_node_gets_no_requests_until_undrained(fleet):
 def test_ui_behind_the_balancer_can_require_basic_auth(fleet, tmp_path):
     users = tmp_path / "users.json"  # a file, as an admin would keep it (never on a command line)
     users.write_text('{"load_balancer_ui_users": [{"name": "lab", "password": "drill-only"}]}')
-    applied = make("lb", f"INVENTORY={fleet['inventory']}", f"ANSIBLE_ARGS=-e @{users}")
-    assert applied.returncode == 0, applied.stdout[-2000:]
-    assert "drill-only" not in applied.stdout, "a UI password was printed"
     ui = f"http://{hostctl.host_ip('testhost1')}:9501/"
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(ui, timeout=30)
-    assert refused.value.code == 401
-    auth = {"Authorization": "Basic " + base64.b64encode(b"lab:drill-only").decode()}
-    with urllib.request.urlopen(urllib.request.Request(ui, headers=auth), timeout=30) as page:
-        assert page.status == 200 and b"streamlit" in page.read().lower()
+    try:
+        applied = make("lb", f"INVENTORY={fleet['inventory']}", f"ANSIBLE_ARGS=-e @{users}")
+        assert applied.returncode == 0, applied.stdout[-2000:]
+        assert "drill-only" not in applied.stdout, "a UI password was printed"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(ui, timeout=30)
+        assert refused.value.code == 401
+        auth = {"Authorization": "Basic " + base64.b64encode(b"lab:drill-only").decode()}
+        with urllib.request.urlopen(urllib.request.Request(ui, headers=auth), timeout=30) as page:
+            assert page.status == 200 and b"streamlit" in page.read().lower()
+    finally:  # the balancer as the deploy sets it (no UI users): later tests and deploys find it so
+        restored = make("lb", f"INVENTORY={fleet['inventory']}")
+    assert restored.returncode == 0, restored.stdout[-2000:]
+    with urllib.request.urlopen(ui, timeout=30) as page:
+        assert page.status == 200, "the UI still asks for a password with no users set"
 
 
 class Load:
@@ -564,6 +626,7 @@ def rollout(fleet: dict, tmp_path: Path, inventory: str | None = None, **extra: 
 
 @pytest.mark.drill
 def test_rollout_of_a_good_release_under_load_fails_no_request(fleet, tmp_path):
+    on_first_releases(fleet)  # so the rollout's release is new on every host
     before = {host: releases_of(host)["current"] for host in HOSTS}
     with Load(KEY_FILE.read_text().strip()) as load:
         proc = rollout(fleet, tmp_path)
@@ -656,7 +719,12 @@ def test_tampered_wheel_aborts_the_rollout_before_any_switch(fleet, tmp_path):
 
 
 @pytest.mark.drill
-def test_rollback_returns_the_fleet_to_the_previous_release_under_load(fleet):
+def test_rollback_returns_the_fleet_to_the_previous_release_under_load(fleet, tmp_path):
+    # Its own precondition, a previous release on every host: a rollout first where one has none
+    # (a fresh fleet: this drill run alone or before the rollout drills).
+    if not all(releases_of(host)["previous"] for host in HOSTS):
+        rolled = rollout(fleet, tmp_path)
+        assert rolled.returncode == 0, f"the rollout to roll back from failed:\n{deploy_failure_summary(rolled)}"
     before = {host: releases_of(host) for host in HOSTS}
     with Load(KEY_FILE.read_text().strip()) as load:
         inventory = f"INVENTORY={fleet['inventory']}"
@@ -730,10 +798,10 @@ RESTORE = "cd /opt/glmdeploy && tar -xpf /root/drift-backup.tar && rm /root/drif
 
 
 def test_verify_names_host_and_field_for_each_kind_of_drift(fleet):
-    for host, script in DRIFT.items():
-        out = on_host(host, f"{BACKUP} && python3 - <<'PY'\n{script}\nPY")
-        assert out.returncode == 0, out.stderr
-    try:
+    try:  # every host restored, also when breaking one of them failed (a host with no backup: a no-op)
+        for host, script in DRIFT.items():
+            out = on_host(host, f"{BACKUP} && python3 - <<'PY'\n{script}\nPY")
+            assert out.returncode == 0, out.stderr
         proc = make("verify", f"INVENTORY={fleet['inventory']}", timeout=600)
     finally:
         for host in DRIFT:
