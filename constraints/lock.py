@@ -42,22 +42,52 @@ def lock_path(profile: str, python: str) -> Path:
     return HERE / f"{profile}-py{python.replace('.', '')}.txt"
 
 
-def pip_find_links() -> list[str]:
-    """Read find-links from this machine's pip configuration (uv does not)."""
+def pip_config(option: str) -> list[str]:
+    """The values of one option (find-links, index-url, ...) in this machine's pip configuration
+    (uv does not read it), in every scope pip reads (global, user, site, environment)."""
     out = subprocess.run(
         [sys.executable, "-m", "pip", "config", "list"],
         capture_output=True,
         text=True,
         check=False,
     ).stdout
-    links: list[str] = []
+    values: list[str] = []
     for line in out.splitlines():
         key, _, value = line.partition("=")
-        if key.endswith("find-links"):
+        if key.endswith(f".{option}"):
             for item in value.strip().strip("'\"").split():
-                if item not in links:
-                    links.append(item)
-    return links
+                if item not in values:
+                    values.append(item)
+    return values
+
+
+def pip_find_links() -> list[str]:
+    """Read find-links from this machine's pip configuration (uv does not)."""
+    return pip_config("find-links")
+
+
+def _usable(location: str) -> bool:
+    """pip skips a file:// index that does not exist (with a warning); uv would stop on it."""
+    return not location.startswith("file://") or Path(location.removeprefix("file://")).is_dir()
+
+
+def uv_source_args() -> list[str]:
+    """uv arguments for the package sources this machine's pip configuration names, so a uv
+    install reads the same mirrors and wheel directories as pip would."""
+    args: list[str] = []
+    for link in pip_find_links():
+        args += ["--find-links", link]
+    for url in pip_config("index-url")[:1]:
+        args += ["--index-url", url]
+    for url in filter(_usable, pip_config("extra-index-url")):
+        args += ["--extra-index-url", url]
+    # pip takes the best match from all its indexes; uv by default only the first that has the
+    # package. Every install here requires the lock's hashes, which is what rules out a substitute.
+    return [*args, "--index-strategy", "unsafe-best-match"] if args else args
+
+
+def cmd_uv_args(_args: argparse.Namespace) -> None:
+    print(" ".join(uv_source_args()))
 
 
 def parse_lock(path: Path) -> dict[str, tuple[str, set[str]]]:
@@ -325,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("check", help="fail if a committed lock differs from a fresh resolve")
     p.add_argument("profile", nargs="*")
     p.set_defaults(func=cmd_check)
+    p = sub.add_parser("uv-args", help="print uv's --find-links/--index-url arguments from this machine's pip config")
+    p.set_defaults(func=cmd_uv_args)
     for verb, func, helptext in (
         ("wheelhouse", cmd_wheelhouse, "download a profile's wheels and verify them"),
         ("verify", cmd_verify, "check a wheelhouse against its lock (missing or tampered wheels)"),
