@@ -21,6 +21,11 @@ export GLMDEPLOY_WHEEL_CACHE := $(WHEEL_CACHE)
 PACK_CACHE ?= /var/cache/glmdeploy/packs
 export GLMDEPLOY_PACK_CACHE := $(PACK_CACHE)
 NODE_PY   ?= 311
+# Where deploy, verify, smoke and releases write the control node's reports (smoke/, releases/,
+# verify.*): one directory per run that goes on at the same time from this checkout (make test
+# runs this machine's deploys and the test hosts' side by side, each with its own).
+REPORTS   ?= reports
+export GLMDEPLOY_REPORTS := $(abspath $(REPORTS))
 INVENTORY ?= playbooks/localhost.ini
 ANSIBLE_ARGS ?=
 WHEELHOUSE := $(ARTIFACTS)/wheelhouse/$(PROFILE)-py$(NODE_PY)
@@ -28,6 +33,9 @@ N         ?= 3
 HOSTCTL   := $(TOOLS)/bin/python tests/hosts/hostctl.py
 FIXTURE   := $(ARTIFACTS)/models/chatglm3-fixture
 MODEL_DIR ?= $(if $(filter cpu,$(PROFILE)),$(FIXTURE),$(ARTIFACTS)/models/chatglm3-6b-32k)
+# make verify: the model directories the nodes were deployed from (each node's manifest is held to
+# MODELS/<model name>/SHA256SUMS); set it when a deploy used model_source_dir elsewhere.
+MODELS    ?= $(ARTIFACTS)/models
 PYTEST_ARGS ?=
 # make bench: the endpoint (default: this machine's deployed node) and extra bench arguments.
 NODE_CONFIG ?= /etc/glmdeploy/node.json
@@ -53,7 +61,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: test-inputs test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e test clean
+.PHONY: test-inputs test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e e2e-node e2e-hosts test clean
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -169,13 +177,13 @@ rollback: tools ## Return every node (or HOST=node) to its previous release, one
 	  $(MAKE) --no-print-directory releases; exit $$rc
 
 releases: tools ## Which release each node of INVENTORY runs, and which it would roll back to
-	rm -rf reports/releases
+	rm -rf $(REPORTS)/releases
 	ansible-playbook -i $(INVENTORY) playbooks/releases.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 	@$(MAKE) --no-print-directory releases-table
 
 releases-table: ## Print the table of releases per node from reports/releases/ (after make releases)
-	@echo "==> releases per node (reports/releases/)"
-	@$(TOOLS)/bin/python -m glmdeploy_control.releases reports/releases/*.json
+	@echo "==> releases per node ($(REPORTS)/releases/)"
+	@$(TOOLS)/bin/python -m glmdeploy_control.releases $(REPORTS)/releases/*.json
 
 driver: tools ## Install the pinned NVIDIA driver on INVENTORY's nodes (held; reboots a node only when the driver changed)
 	$(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/driver.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
@@ -195,11 +203,11 @@ baseline: tools ## Record the throughput baseline of INVENTORY's first node (smo
 	ansible-playbook -i $(INVENTORY) playbooks/baseline.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 
 verify: tools ## Smoke suite + fingerprint on every node of INVENTORY, then one fleet table; non-zero on any drift
-	rm -rf reports/smoke
+	rm -rf $(REPORTS)/smoke
 	@# The fleet table is printed even when a node's smoke suite failed: it names what drifted.
 	@rc=0; ansible-playbook -i $(INVENTORY) playbooks/smoke.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS) || rc=$$?; \
-	  $(TOOLS)/bin/python -m glmdeploy_control.fleet --reports reports/smoke --root . \
-	  --models $(ARTIFACTS)/models --out reports || rc=$$?; exit $$rc
+	  $(TOOLS)/bin/python -m glmdeploy_control.fleet --reports $(REPORTS)/smoke --root . \
+	  --models $(MODELS) --out $(REPORTS) || rc=$$?; exit $$rc
 
 lint: tools ## ansible-lint (production profile), yamllint, ruff, mypy --strict on service/, playbook syntax check, role README tables up to date
 	yamllint -s .
@@ -213,14 +221,32 @@ lint: tools ## ansible-lint (production profile), yamllint, ruff, mypy --strict 
 unit: tools $(REFENV_READY) fixture ## Unit tests of service/ and the lock tooling
 	$(REFENV)/bin/python -m pytest -q -rs -p no:cacheprovider tests/unit $(PYTEST_ARGS)
 
-e2e: tools ## End-to-end: real make deploy here, API + headless-browser chat, broken-setup cases, undeploy
-	rm -rf reports/e2e-logs
-	$(TOOLS)/bin/python -m pytest -q -rs -p no:cacheprovider --durations=15 -m "not drill" tests/e2e $(PYTEST_ARGS)
+# The end-to-end tests come in two parts that share nothing but the control node's caches: this
+# machine's node (deployed here under supervisord) and the test hosts (systemd, own network
+# namespaces), each with its own REPORTS. make e2e and make test run them side by side.
+E2E_PYTEST = $(TOOLS)/bin/python -m pytest -q -rs -p no:cacheprovider --durations=15
+E2E_NODE_TESTS  := tests/e2e/test_deploy.py tests/e2e/test_node_lock.py
+E2E_HOSTS_TESTS := tests/e2e/test_roles.py tests/e2e/test_fleet.py
 
-drills: tools ## Fault drills under load on 3 test hosts (the fleet tests plus the drills; ~65 min on 2 cores); output in bench/drills/last-run.txt
-	rm -rf reports/e2e-logs
+e2e: tools ## End-to-end, both parts side by side (e2e-node, e2e-hosts; the hosts' output is printed when both end)
+	@mkdir -p reports; rc=0; $(MAKE) --no-print-directory e2e-hosts > reports/e2e-hosts.log 2>&1 & hosts=$$!; \
+	  $(MAKE) --no-print-directory e2e-node || rc=$$?; wait $$hosts || rc=1; \
+	  echo "==> make e2e-hosts (ran beside e2e-node; reports/e2e-hosts.log)"; cat reports/e2e-hosts.log; exit $$rc
+
+e2e-node: tools ## End-to-end on this machine: real make deploy, API + headless-browser chat, upgrades, broken setups, undeploy
+	rm -rf reports/e2e-logs/node
+	GLMDEPLOY_E2E_PART=node $(E2E_PYTEST) -m "not drill" $(E2E_NODE_TESTS) $(PYTEST_ARGS)
+
+e2e-hosts: tools ## End-to-end on fresh test hosts: each role alone, then a 2-host mixed fleet with the gpu-cu121 rehearsal
+	rm -rf reports/e2e-logs/hosts
+	GLMDEPLOY_E2E_PART=hosts REPORTS=reports/hosts $(E2E_PYTEST) -m "not drill" $(E2E_HOSTS_TESTS) $(PYTEST_ARGS)
+
+drills: tools ## Fault drills: the fleet tests and drills on 3 test hosts, then this machine's drills (~70 min on 2 cores); output in bench/drills/last-run.txt
+	rm -rf reports/e2e-logs/drills
 	@mkdir -p bench/drills
-	set -o pipefail; $(TOOLS)/bin/python -m pytest -q -rs -p no:cacheprovider --durations=15 tests/e2e/test_fleet.py $(PYTEST_ARGS) \
+	set -o pipefail; export GLMDEPLOY_E2E_PART=drills; \
+	  { GLMDEPLOY_FLEET_HOSTS=3 REPORTS=reports/hosts $(E2E_PYTEST) tests/e2e/test_fleet.py $(PYTEST_ARGS) && \
+	  { $(E2E_PYTEST) -m drill $(E2E_NODE_TESTS) $(PYTEST_ARGS) || [ $$? = 5 ]; }; } \
 	  2>&1 | tee bench/drills/last-run.txt
 
 # What the tests need from the distribution: a headless browser (UI test), libnuma (CPU vLLM),
@@ -251,11 +277,13 @@ wheels-prefetch: tools ## Download the cpu and gpu-cu121 wheelhouses in the back
 # make test runs its phases, each timed (tests/ci/phases.py): the table at the end says where the
 # time went; reports/ci-phases.{txt,json} and a line in bench/ci/runs.jsonl keep it. The first
 # phases run one after another (the rootfs and the wheels download in the background meanwhile);
-# then lint, the lock check and the unit tests run on the second core while the end-to-end tests
-# deploy (their output is kept in reports/checks/ and printed once the end-to-end tests end).
+# then three chains side by side: this machine's end-to-end tests; the test hosts' end-to-end
+# tests; lint, the lock check and the unit tests. The last two chains' output is kept in
+# reports/checks/ and printed once all have ended.
 TEST_FIRST  := tools test-packages hosts-prefetch wheels-prefetch test-inputs
 TEST_BESIDE := lint lock-check unit
-TEST_MAIN   := e2e
+TEST_HOSTS  := e2e-hosts
+TEST_MAIN   := e2e-node
 PHASES := $(PYTHON) tests/ci/phases.py
 test: ## Everything CI runs: system packages, lint, lock re-resolve check, unit tests, end-to-end deploy (incl. the gpu-cu121 rehearsal), then a table of time per phase
 	@$(PHASES) begin
@@ -264,13 +292,15 @@ test: ## Everything CI runs: system packages, lint, lock re-resolve check, unit 
 	done; \
 	if [ $$rc = 0 ]; then \
 	  rm -rf reports/checks && mkdir -p reports/checks; \
-	  echo "==> $(TEST_BESIDE) run beside the end-to-end tests (reports/checks/, printed at the end)"; \
-	  ( crc=0; for phase in $(TEST_BESIDE); do $(PHASES) run --beside $(TEST_MAIN) $$phase -- $(MAKE) --no-print-directory $$phase \
-	      > reports/checks/$$phase.log 2>&1 || { crc=1; echo "==> make test: $$phase failed (reports/checks/$$phase.log)"; }; \
-	    done; exit $$crc ) & checks=$$!; \
+	  echo "==> $(TEST_HOSTS) and $(TEST_BESIDE) run beside $(TEST_MAIN) (reports/checks/, printed at the end)"; \
+	  for chain in "$(TEST_HOSTS)" "$(TEST_BESIDE)"; do \
+	    ( crc=0; for phase in $$chain; do $(PHASES) run --beside $(TEST_MAIN) $$phase -- $(MAKE) --no-print-directory $$phase \
+	        > reports/checks/$$phase.log 2>&1 || { crc=1; echo "==> make test: $$phase failed (reports/checks/$$phase.log)"; }; \
+	      done; exit $$crc ) & pids="$$pids $$!"; \
+	  done; \
 	  $(PHASES) run $(TEST_MAIN) -- $(MAKE) --no-print-directory $(TEST_MAIN) || { rc=$$?; echo "==> make test: $(TEST_MAIN) failed"; }; \
-	  wait $$checks || rc=1; \
-	  for phase in $(TEST_BESIDE); do test -f reports/checks/$$phase.log || continue; \
+	  for pid in $$pids; do wait $$pid || rc=1; done; \
+	  for phase in $(TEST_HOSTS) $(TEST_BESIDE); do test -f reports/checks/$$phase.log || continue; \
 	    echo "==> make $$phase (ran beside $(TEST_MAIN))"; cat reports/checks/$$phase.log; done; \
 	fi; $(PHASES) report; exit $$rc
 

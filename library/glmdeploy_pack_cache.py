@@ -6,7 +6,11 @@ pack's name), so a pack built once is good for every later deploy of the same lo
 checkout, on a new node, in the next CI run. Without the cache, each checkout's first deploy
 runs pip for minutes (3.3 GB of wheels for gpu-cu121) although the same bytes were packed before.
 
-``restored`` puts a cached pack into the checkout's pack directory when that lacks it, after
+``published`` renames a pack just brought from a node (``partial``) into the pack directory and
+writes its SHA256 file, under a lock on the pack directory: two deploys from one checkout that
+built the same pack at the same time (make test deploys this machine and the test hosts side by
+side) publish one of them whole, never one's bytes under the other's SHA256; the second's copy is
+dropped. ``restored`` puts a cached pack into the checkout's pack directory when that lacks it, after
 checking the pack against its SHA256 (a bad entry is removed from the cache and reported, and the
 deploy builds the environment from the wheelhouse as if there were no cache). ``stored`` puts a
 pack the deploy just published into the cache and removes the least recently used packs beyond
@@ -17,9 +21,12 @@ cache directory that cannot be written is a warning, never a failed deploy.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
@@ -30,17 +37,19 @@ short_description: Restore environment packs from, or store them in, the control
 options:
   names: {description: pack file names (C(env-<lock>-<arch>.tar.zst)), type: list, elements: str, required: true}
   pack_dir: {description: the checkout's pack directory (what deploys read), type: path, required: true}
-  cache_dir: {description: the cache outside the checkout; empty turns the cache off, type: str, required: true}
+  cache_dir: {description: the cache outside the checkout; empty turns the cache off, type: str, default: ""}
+  partial: {description: with published, the pack as brought from the node (renamed into pack_dir), type: path}
   state:
-    description: restored (cache -> pack_dir) or stored (pack_dir -> cache)
+    description: published (partial -> pack_dir), restored (cache -> pack_dir) or stored (pack_dir -> cache)
     type: str
-    choices: [restored, stored]
+    choices: [published, restored, stored]
   keep: {description: packs the cache keeps after a store (least recently used go first), type: int, default: 4}
 """
 
 RETURN = r"""
 restored: {description: names placed into pack_dir from the cache, type: list}
 stored: {description: names placed into the cache, type: list}
+published: {description: names renamed into pack_dir with their SHA256 (none when published before), type: list}
 pruned: {description: names removed from the cache (beyond keep, or not matching their SHA256), type: list}
 """
 
@@ -86,6 +95,32 @@ def remove_pack(name: str, where: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def locked(directory: Path) -> Iterator[None]:
+    """An exclusive flock on directory/.publish.lock while the block runs (another run waits)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / ".publish.lock").open("w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        yield
+
+
+def publish(name: str, pack_dir: Path, partial: Path, check: bool) -> list[str]:
+    """partial becomes pack_dir/name, then its SHA256 file; a pack already published stays and
+    partial is dropped (its bytes differ, by timestamps, from the published one's)."""
+    if check:
+        return [] if (pack_dir / f"{name}.sha256").is_file() else [name]
+    with locked(pack_dir):
+        if (pack_dir / f"{name}.sha256").is_file() and (pack_dir / name).is_file():
+            partial.unlink(missing_ok=True)
+            return []
+        digest = sha256_of(partial)
+        partial.replace(pack_dir / name)
+        sums = pack_dir / f".{name}.sha256.{os.getpid()}.partial"
+        sums.write_text(f"{digest}  {name}\n", encoding="utf-8")
+        sums.replace(pack_dir / f"{name}.sha256")
+    return [name]
+
+
 def restore(names: list[str], pack_dir: Path, cache: Path, check: bool) -> tuple[list[str], list[str]]:
     """Cached packs the pack directory lacks, checked by SHA256; bad cache entries are removed."""
     restored, bad = [], []
@@ -128,14 +163,22 @@ def main() -> None:
         argument_spec={
             "names": {"type": "list", "elements": "str", "required": True},
             "pack_dir": {"type": "path", "required": True},
-            "cache_dir": {"type": "str", "required": True},
-            "state": {"type": "str", "choices": ["restored", "stored"], "required": True},
+            "cache_dir": {"type": "str", "default": ""},
+            "partial": {"type": "path"},
+            "state": {"type": "str", "choices": ["published", "restored", "stored"], "required": True},
             "keep": {"type": "int", "default": 4},
         },
+        required_if=[("state", "published", ["partial"])],
         supports_check_mode=True,
     )
     p = module.params
-    result: dict = {"changed": False, "restored": [], "stored": [], "pruned": []}
+    result: dict = {"changed": False, "restored": [], "stored": [], "pruned": [], "published": []}
+    if p["state"] == "published":
+        if len(p["names"]) != 1:
+            module.fail_json(msg=f"state=published takes one name, got {p['names']}")
+        result["published"] = publish(p["names"][0], Path(p["pack_dir"]), Path(p["partial"]), module.check_mode)
+        result["changed"] = bool(result["published"])
+        module.exit_json(**result)
     if not p["cache_dir"]:
         module.exit_json(**result)
     cache, pack_dir, names = Path(p["cache_dir"]), Path(p["pack_dir"]), sorted(set(p["names"]))

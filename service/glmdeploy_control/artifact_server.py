@@ -152,6 +152,11 @@ def serve(root: Path, addresses: list[str], port: int, log_path: Path) -> tuple[
     return servers, port
 
 
+def reports_dir() -> Path:
+    """The run's reports directory: `make REPORTS=...` exports it (one per run going on at the same time)."""
+    return Path(os.environ.get("GLMDEPLOY_REPORTS", "reports"))
+
+
 def _url(address: str, port: int) -> str:
     host = f"[{address}]" if ":" in address else address
     return f"http://{host}:{port}"
@@ -165,7 +170,7 @@ def run(root: Path, inventory: str, port: int, command: list[str]) -> int:
         if not root.is_dir():
             raise ArtifactError(f"{root} does not exist: nothing to serve; fix: run from the kit's checkout")
         sources = _sources(nodes)
-        servers, port = serve(root, sorted(set(sources.values())), port, Path("reports") / "artifact-server.log")
+        servers, port = serve(root, sorted(set(sources.values())), port, reports_dir() / "artifact-server.log")
         urls = {name: _url(address, port) for name, address in sources.items()}
         env[URLS_VAR] = json.dumps(urls, sort_keys=True)
         where = ", ".join(sorted({_url(a, port) for a in sources.values()}))

@@ -22,12 +22,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORTS = ROOT / "reports"
 LOG = REPORTS / "ci-phases.jsonl"
-E2E_DURATIONS = REPORTS / "e2e-durations.json"
-E2E_FIGURES = REPORTS / "e2e-figures.json"
+#: Each end-to-end part (tests/e2e/conftest.py PART) writes its own; the table merges them.
+E2E_DURATIONS = "e2e-durations-*.json"
+E2E_FIGURES = "e2e-figures-*.json"
 RUNS = ROOT / "bench" / "ci" / "runs.jsonl"
 #: End-to-end tests shorter than this are summed, not listed.
 LONG_TEST_S = 20.0
@@ -64,7 +66,7 @@ def _append(entry: dict[str, object]) -> None:
 def cmd_begin() -> int:
     LOG.parent.mkdir(parents=True, exist_ok=True)
     LOG.write_text("", encoding="utf-8")
-    for stale in (E2E_DURATIONS, E2E_FIGURES):
+    for stale in [*REPORTS.glob(E2E_DURATIONS), *REPORTS.glob(E2E_FIGURES)]:
         stale.unlink(missing_ok=True)
     _append({"begin": time.time(), "commit": _git("rev-parse", "--short", "HEAD"), "machine": machine_state()})
     return 0
@@ -90,6 +92,14 @@ def _label(phase: dict[str, object]) -> str:
     return f"{phase['phase']} (beside {phase['beside']})" if phase.get("beside") else str(phase["phase"])
 
 
+def _merged(pattern: str) -> dict[str, Any]:
+    """One dict from the parts' JSON files (their keys do not overlap: test ids, figure names)."""
+    merged: dict[str, Any] = {}
+    for path in sorted(REPORTS.glob(pattern)):
+        merged |= json.loads(path.read_text(encoding="utf-8"))
+    return merged
+
+
 def cmd_report() -> int:
     entries = [json.loads(line) for line in LOG.read_text(encoding="utf-8").splitlines() if line.strip()]
     if not entries or "begin" not in entries[0]:
@@ -97,8 +107,7 @@ def cmd_report() -> int:
         return 2
     head, phases = entries[0], [e for e in entries[1:] if "phase" in e]
     total = round(time.time() - float(head["begin"]), 1)
-    e2e = json.loads(E2E_DURATIONS.read_text()) if E2E_DURATIONS.is_file() else {}
-    figures = json.loads(E2E_FIGURES.read_text()) if E2E_FIGURES.is_file() else {}
+    e2e, figures = _merged(E2E_DURATIONS), _merged(E2E_FIGURES)
     long_tests = {k: v for k, v in sorted(e2e.items(), key=lambda kv: -kv[1]) if v >= LONG_TEST_S}
     deploys = {k: v for k, v in figures.items() if isinstance(v, int | float) and "deploy" in k.lower()}
     record = {

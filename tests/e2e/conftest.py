@@ -15,13 +15,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The part of the end-to-end tests this process runs: `node` (this machine's node, make e2e-node)
+#: or `hosts` (the test hosts, make e2e-hosts). make test runs the two side by side, so each keeps
+#: its own make logs, figures and durations, and its own REPORTS directory for what the make
+#: targets it runs write there (smoke results, verify tables, releases).
+PART = os.environ.get("GLMDEPLOY_E2E_PART", "all")
+REPORTS = ROOT / os.environ.get("REPORTS", "reports")
+#: Every make run's output, one directory per part (read by a test that looks for a leaked key).
+E2E_LOGS = ROOT / "reports" / "e2e-logs"
 NODE_CONFIG = Path("/etc/glmdeploy/node.json")
 #: What `make undeploy` must keep on the control node: the staged model and the wheelhouse.
 FIXTURE = ROOT / "artifacts" / "models" / "chatglm3-fixture"
 WHEELHOUSE = ROOT / "artifacts" / "wheelhouse" / "cpu-py311"
-#: Measured figures, printed at the end of the run and saved to reports/e2e-figures.json.
+#: Measured figures, printed at the end of the run and saved to reports/e2e-figures-<part>.json.
 FIGURES: dict[str, object] = {}
-#: Seconds per test, setup (where deploying fixtures run) + call + teardown: reports/e2e-durations.json,
+#: Seconds per test, setup (where deploying fixtures run) + call + teardown: reports/e2e-durations-<part>.json,
 #: read by tests/ci/phases.py for make test's per-phase table.
 DURATIONS: dict[str, float] = {}
 
@@ -32,7 +40,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if DURATIONS:
-        out = ROOT / "reports" / "e2e-durations.json"
+        out = ROOT / "reports" / f"e2e-durations-{PART}.json"
         out.parent.mkdir(exist_ok=True)
         out.write_text(json.dumps(DURATIONS, indent=2) + "\n")
 
@@ -49,7 +57,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.section("measured figures (this machine)")
     for key, value in FIGURES.items():
         terminalreporter.write_line(f"{key}: {value}")
-    out = ROOT / "reports" / "e2e-figures.json"
+    out = ROOT / "reports" / f"e2e-figures-{PART}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(FIGURES, indent=2) + "\n")
 
@@ -72,7 +80,7 @@ def make(*args: str, timeout: int = 1800, env: dict[str, str] | None = None) -> 
     proc = subprocess.CompletedProcess(cmd, run.returncode, out, err)
     proc.elapsed = time.monotonic() - start  # type: ignore[attr-defined]
     # Every make run's full output, numbered in order, for reading a CI failure afterwards.
-    logs = ROOT / "reports" / "e2e-logs"
+    logs = E2E_LOGS / PART
     logs.mkdir(parents=True, exist_ok=True)
     number = len(list(logs.glob("*.log"))) + 1
     name = "-".join(a.split("=")[0].lower() for a in args)[:60]

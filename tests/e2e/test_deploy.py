@@ -24,6 +24,7 @@ import pytest
 from conftest import (
     FIGURES,
     FIXTURE,
+    REPORTS,
     ROOT,
     WHEELHOUSE,
     deploy_failure_summary,
@@ -159,7 +160,7 @@ def test_verify_passes_on_the_freshly_deployed_node(deployed):
     proc = make("verify")
     assert proc.returncode == 0, "make verify failed on a clean node"
     assert "| lock |" in proc.stdout and "All hosts identical and matching the lock." in proc.stdout
-    assert (ROOT / "reports" / "verify.json").exists()
+    assert (REPORTS / "verify.json").exists()
     FIGURES["make verify, 1 host (s)"] = round(proc.elapsed, 1)
 
 
@@ -289,10 +290,20 @@ open(path, 'wb').write(proto.SerializeToString())
 """
 
 
+# Where the upgrade drill stages its revisions: a copy of the fixture under the fixture's name
+# (golden files are looked up by it), deployed with model_source_dir. Never the fixture itself:
+# the test hosts' deploys read it meanwhile (make test runs them beside this machine's tests).
+UPGRADES = ROOT / "artifacts" / "drill-upgrade"
+UPGRADE = UPGRADES / FIXTURE.name
+UPGRADE_ARGS = f"ANSIBLE_ARGS=-e model_source_dir={UPGRADE}"
+
+
 def _stage_revision(script: str) -> None:
-    """Stage a new model revision where an admin would: artifacts/models, with a fresh manifest."""
+    """Stage a new model revision the way an admin would: the fixture changed by script, with a fresh manifest."""
+    shutil.rmtree(UPGRADE, ignore_errors=True)
+    shutil.copytree(FIXTURE, UPGRADE)
     env = dict(os.environ, PYTHONPATH=str(ROOT / "service"))
-    for argv in (["-c", script, str(FIXTURE)], ["-m", "glmdeploy.manifest", "write", str(FIXTURE)]):
+    for argv in (["-c", script, str(UPGRADE)], ["-m", "glmdeploy.manifest", "write", str(UPGRADE)]):
         subprocess.run([str(REFPY), *argv], check=True, env=env, capture_output=True)
 
 
@@ -304,14 +315,13 @@ def test_upgrade_drill_same_ids_pass_and_changed_tokenizer_is_named(deployed):
     first interrupted right after its switch (Ctrl-C): the node keeps a complete release and
     serves; the next deploy resumes it (restart, gate, promote). The node ends on the
     weights-only revision (tests that need the node as a deploy leaves it converge it first:
-    `_converged`); the control node's fixture is regenerated (it is deterministic), so later
-    deploys see the original files.
+    `_converged`); the revisions are staged beside the fixture (UPGRADE), which stays as it is.
     """
     deployed_tokenizer = Path(deployed["node"]["model_dir"]) / "tokenizer.model"
     try:
         before, tokenizer_before = service_pids(), deployed_tokenizer.read_bytes()
         _stage_revision(CHANGED_TOKENIZER)
-        changed = make("deploy")
+        changed = make("deploy", UPGRADE_ARGS)
         assert changed.returncode != 0, "an upgrade that changes tokenization deployed without complaint"
         assert "probes[english]" in changed.stdout + changed.stderr, changed.stdout[-2000:]
         assert "make tokenizer-lock" in changed.stdout + changed.stderr, changed.stdout[-2000:]
@@ -319,12 +329,10 @@ def test_upgrade_drill_same_ids_pass_and_changed_tokenizer_is_named(deployed):
         assert deployed_tokenizer.read_bytes() == tokenizer_before, "the failed upgrade replaced model files"
         _still_serving(deployed, before)
 
-        shutil.rmtree(FIXTURE)
-        assert make("fixture").returncode == 0
         _stage_revision(NEW_WEIGHTS)
-        switched = _interrupt_at_the_switch(deployed)
+        switched = _interrupt_at_the_switch(deployed, UPGRADE_ARGS)
         assert NODE_LOCK.exists(), "the interrupted run left no lock: did it hold one?"
-        same_ids = make("deploy")
+        same_ids = make("deploy", UPGRADE_ARGS)
         assert same_ids.returncode == 0, "a weights-only upgrade (same tokenizer) failed to deploy"
         # The interrupted run could not release its lock; the next one sees its process is gone.
         assert "taking over the deploy lock of a run that is gone" in same_ids.stdout + same_ids.stderr
@@ -332,20 +340,21 @@ def test_upgrade_drill_same_ids_pass_and_changed_tokenizer_is_named(deployed):
         assert current == switched and (current / "promoted").is_file(), "the interrupted release was not resumed"
         server = next(p for p in service_user_processes() if p["service"] == "vllm_server" and "api_server" in p["cmd"])
         assert str((current / "model").resolve()) in server["cmd"], "the server runs another release's model"
-        assert make("verify").returncode == 0, "make verify failed after an upgrade that keeps every id"
+        # The fleet table holds the node to the model directories it was deployed from.
+        verified = make("verify", f"MODELS={UPGRADES}")
+        assert verified.returncode == 0, "make verify failed after an upgrade that keeps every id"
     finally:
-        shutil.rmtree(FIXTURE, ignore_errors=True)
-        assert make("fixture").returncode == 0
+        shutil.rmtree(UPGRADES, ignore_errors=True)
 
 
-def _interrupt_at_the_switch(deployed) -> Path:
+def _interrupt_at_the_switch(deployed, *args: str) -> Path:
     """Start `make deploy`, send it Ctrl-C's signal the moment `current` moves; the release it switched to.
 
     The node must keep a complete release (built beside, renamed in, switched by one rename)
     and keep serving (the services still run the release before; the gate has not run)."""
     current = Path("/opt/glmdeploy/current")
     before, pids = current.resolve().name, service_pids()
-    cmd = ["make", "-C", str(ROOT), "deploy"]
+    cmd = ["make", "-C", str(ROOT), "deploy", *args]
     run = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 900
     while current.resolve().name == before and run.poll() is None and time.monotonic() < deadline:
@@ -542,9 +551,13 @@ def test_release_failing_its_health_gate_returns_the_node_to_the_previous_releas
     _generates(deployed)
 
 
+@pytest.mark.drill
 def test_kill_9_of_the_api_server_leaves_no_orphaned_engine(deployed):
     """supervisord (this machine has no systemd as PID 1) restarts a killed server, but only the
-    guard (glmdeploy.procguard) stops the engine the server started: no second engine after it."""
+    guard (glmdeploy.procguard) stops the engine the server started: no second engine after it.
+
+    In `make drills` only (a minute of a cold start): `make test` keeps its systemd twin on a test
+    host (test_fleet.py), the path real nodes take; this one covers nodes without systemd."""
     before = service_user_processes()
     guard = service_pids()["vllm_server"]
     server = next(p for p in before if p["ppid"] == guard and p["service"] == "vllm_server")

@@ -1,16 +1,18 @@
-"""The full deploy on three fresh systemd hosts: a mixed fleet, converge, idempotence, real verification.
+"""The full deploy on fresh systemd hosts: a mixed fleet, converge, idempotence, real verification.
 
-Hosts come from tests/hosts/hostctl.py (`make hosts N=3`): Debian 12 booting systemd in their own
-network namespaces, reaching only the controller's apt proxy and artifact server. testhost1 and
-testhost2 are set to the cpu profile (testhost1 also runs the balancer); testhost3 is set to
-gpu-cu121 and is the production path's rehearsal: the real gpu-cu121 environment (vLLM 0.4.3,
+Hosts come from tests/hosts/hostctl.py (`make hosts N=...`): Debian 12 booting systemd in their own
+network namespaces, reaching only the controller's apt proxy and artifact server. `make test` deploys
+two (FLEET_HOSTS): testhost1 on the cpu profile, also running the balancer, and testhost2 on
+gpu-cu121; `make drills` three, a second cpu node (testhost2) in front of the gpu-cu121 one
+(testhost3), so that a rollout has a cpu node to fail on before the last node. The last host is
+always the production path's rehearsal: the real gpu-cu121 environment (vLLM 0.4.3,
 torch 2.3.0+cu121, transformers 4.40.2) from its wheelhouse through the kit's own roles, the
 fixture in the published revision's shape (.bin shards, the 2023 tokenizer file that imports torch,
 the chat template) with ChatGLM3-6B-32k's KV-cache geometry, staged by `make weights REVISION=...`
 from a stand-in of the Hugging Face hub on loopback (HF_ENDPOINT), the launcher the kit
 renders for the rtx-4090 class and the kit's own unit. One piece is replaced there: vLLM's GPU
 executor, by the stand-in in tests/rehearsal/ (installed into the node's environment by a systemd
-drop-in before each start; no model math). So testhost3 proves the API, config, tokenizer,
+drop-in before each start; no model math). So the rehearsal node proves the API, config, tokenizer,
 template and flag plumbing of the production path, not the model math (docs/rehearsal.md).
 One `make deploy` from this GPU-less machine gives each host its own profile.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -31,7 +34,16 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import FIGURES, ROOT, SERVICE_USER_PROCESSES, deploy_failure_summary, make, one_engine_left
+from conftest import (
+    E2E_LOGS,
+    FIGURES,
+    REPORTS,
+    ROOT,
+    SERVICE_USER_PROCESSES,
+    deploy_failure_summary,
+    make,
+    one_engine_left,
+)
 
 sys.path.insert(0, str(ROOT / "tests" / "hosts"))
 sys.path.insert(0, str(ROOT / "tests" / "hub"))
@@ -42,8 +54,15 @@ from glmdeploy import sse
 
 STATE = hostctl.STATE
 KEY = STATE / "id_ed25519"
-HOSTS = ["testhost1", "testhost2", "testhost3"]
-CPU_HOSTS, GPU = ["testhost1", "testhost2"], "testhost3"
+# Two hosts in `make test`, three in `make drills` (the Makefile sets it; docs/reference/tests.md).
+FLEET_HOSTS = int(os.environ.get("GLMDEPLOY_FLEET_HOSTS", "2"))
+HOSTS = hostctl.host_names(FLEET_HOSTS)
+CPU_HOSTS, GPU = HOSTS[:-1], HOSTS[-1]
+LB_HOST = HOSTS[0]  # hostctl's inventory puts the first host in glmdeploy_lb
+# The node drained, killed or broken in the drills: a cpu node, the last before the rehearsal
+# node (a rollout reaches it before the rehearsal node; on 2 hosts it is the balancer's host).
+CPU = CPU_HOSTS[-1]
+PROFILES = ["cpu"] * len(CPU_HOSTS) + ["gpu-cu121"]  # each host's, in HOSTS order
 STANDIN = "/opt/glmdeploy-rehearsal"
 DROPIN = f"""# glmdeploy rehearsal (tests/e2e/test_fleet.py): vLLM's GPU executor replaced by a stand-in.
 [Service]
@@ -103,7 +122,7 @@ def put_standin(host: str) -> None:
 
 
 def write_inventory(base: Path) -> Path:
-    """hostctl's inventory with each node's profile set: cpu on the first two, gpu-cu121 on the third."""
+    """hostctl's inventory with each node's profile set: gpu-cu121 on the last host, cpu on the others."""
     text = base.read_text()
     for host in CPU_HOSTS:
         text = re.sub(rf"^({host} .*)$", r"\1 glmdeploy_profile=cpu", text, flags=re.M)
@@ -143,10 +162,10 @@ class FleetNotDeployed(Exception):
 
 
 def deploy_fleet(peak: MemoryPeak, timings: dict) -> dict:
-    """Stage the rehearsal model, create three fresh hosts, deploy them once with `make deploy`."""
+    """Stage the rehearsal model, create the fresh hosts, deploy them once with `make deploy`."""
     staged = stage_rehearsal_model_from_the_hub_standin()
     peak.start()
-    created = make("hosts", "N=3")
+    created = make("hosts", f"N={FLEET_HOSTS}")
     if created.returncode != 0:
         raise FleetNotDeployed(f"make hosts failed:\n{deploy_failure_summary(created)}")
     hosts = json.loads((STATE / "hosts.json").read_text())
@@ -157,10 +176,10 @@ def deploy_fleet(peak: MemoryPeak, timings: dict) -> dict:
     timings["converge_s"] = round(converge.elapsed, 1)  # type: ignore[attr-defined]
     if converge.returncode != 0:
         raise FleetNotDeployed(f"make deploy of the fleet failed:\n{deploy_failure_summary(converge)}")
-    smoke = ROOT / "reports" / "smoke" / GPU / "smoke.json"
+    smoke = REPORTS / "smoke" / GPU / "smoke.json"
     fleet = {"inventory": str(inventory), "timings": timings, "peak": peak, "converge": converge, "staged": staged}
     # As this deploy left them: each host's release, and the rehearsal node's smoke report
-    # (make verify and every later deploy rewrite reports/smoke/).
+    # (make verify and every later deploy rewrite $REPORTS/smoke/).
     fleet["releases"] = {host: releases_of(host)["current"] for host in HOSTS}
     fleet["gpu_smoke"] = json.loads(smoke.read_text()) if smoke.is_file() else None
     return fleet
@@ -168,7 +187,7 @@ def deploy_fleet(peak: MemoryPeak, timings: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def deployed_fleet():
-    """Three fresh hosts, deployed once by `make deploy` (each test asserts its own part of it);
+    """The fresh hosts, deployed once by `make deploy` (each test asserts its own part of it);
     when a step of that failed, why (`fleet` reports it). The hosts go, whatever happened."""
     peak, timings = MemoryPeak(), {}
     try:
@@ -179,7 +198,7 @@ def deployed_fleet():
         yield state
     finally:
         peak.stop.set()
-        FIGURES["3-host mixed fleet, 2 cpu + 1 gpu-cu121 rehearsal (s)"] = timings
+        FIGURES[f"{len(HOSTS)}-host mixed fleet, {len(CPU_HOSTS)} cpu + 1 gpu-cu121 rehearsal (s)"] = timings
         FIGURES["peak memory used during the fleet test (MiB)"] = round(peak.peak_mib)
         make("hosts-down")
 
@@ -210,11 +229,11 @@ def test_mixed_fleet_converges_with_each_host_on_its_own_profile(fleet):
     rows = recap(proc.stdout)
     assert proc.returncode == 0 and sorted(rows) == HOSTS, proc.stdout[-3000:]
     assert all(r["failed"] == 0 and r["unreachable"] == 0 for r in rows.values()), rows
-    assert proc.stdout.count("smoke:  ") == 3 and " failed" not in re.sub(
+    assert proc.stdout.count("smoke:  ") == len(HOSTS) and " failed" not in re.sub(
         r"failed=0", "", proc.stdout.split("PLAY RECAP")[-1]
     )
-    assert [node_json(h)["profile"] for h in HOSTS] == ["cpu", "cpu", "gpu-cu121"]
-    assert [node_json(h)["server_returns_token_ids"] for h in HOSTS] == [True, True, False]
+    assert [node_json(h)["profile"] for h in HOSTS] == PROFILES
+    assert [node_json(h)["server_returns_token_ids"] for h in HOSTS] == [True] * len(CPU_HOSTS) + [False]
 
 
 def on_first_releases(fleet: dict, failed_kept: bool = True) -> None:
@@ -242,11 +261,11 @@ def test_second_deploy_reports_no_change_on_any_host(fleet):
 def test_verify_prints_one_table_with_both_profiles_side_by_side(fleet):
     on_first_releases(fleet)
     proc = make("verify", f"INVENTORY={fleet['inventory']}", timeout=900)
-    fleet["timings"]["verify_3_hosts_s"] = round(proc.elapsed, 1)
+    fleet["timings"][f"verify_{len(HOSTS)}_hosts_s"] = round(proc.elapsed, 1)
     assert proc.returncode == 0, "make verify found differences on a freshly deployed fleet"
-    assert "| field | testhost1 | testhost2 | testhost3 |" in proc.stdout
+    assert "| field | " + " | ".join(HOSTS) + " |" in proc.stdout
     row = next(line for line in proc.stdout.splitlines() if line.startswith("| profile |"))
-    assert [cell.strip() for cell in row.split("|")[2:5]] == ["cpu", "cpu", "gpu-cu121"], row
+    assert [cell.strip() for cell in row.split("|")[2 : 2 + len(HOSTS)]] == PROFILES, row
 
 
 @pytest.mark.parametrize("host", HOSTS)
@@ -293,7 +312,7 @@ def test_hosts_have_no_route_out(fleet, host):
     assert "default" not in out.stdout and "10.77.0.0/24" in out.stdout
 
 
-# ---------------------------------------------------------------- the gpu-cu121 rehearsal node (testhost3)
+# ---------------------------------------------------------------- the gpu-cu121 rehearsal node (the last host)
 
 
 def journal(host: str) -> str:
@@ -329,7 +348,7 @@ def test_rehearsal_model_came_from_the_hub_standin_as_safetensors_and_holds_no_p
 def test_rehearsal_smoke_suite_passes_and_says_why_gpu_checks_skip(fleet):
     assert fleet["converge"].returncode == 0, "the fleet did not deploy"
     report = fleet["gpu_smoke"]  # the deploy's own, read right after it
-    assert report, f"the fleet's deploy left no reports/smoke/{GPU}/smoke.json"
+    assert report, f"the fleet's deploy left no {REPORTS}/smoke/{GPU}/smoke.json"
     assert report["counts"]["failed"] == 0, [r for r in report["results"] if r["outcome"] == "failed"]
     skipped = [r for r in report["results"] if r["outcome"] == "skipped"]
     assert skipped and all(
@@ -351,7 +370,7 @@ print(json.dumps({'prompt_tokens': reply.usage.prompt_tokens, 'want': want, 'tex
 """
 
 
-@pytest.mark.parametrize("host", ["testhost1", GPU])
+@pytest.mark.parametrize("host", [LB_HOST, GPU])
 def test_openai_client_chat_runs_chatglm3_role_ids_and_keeps_typed_markers_as_text(fleet, host):
     messages = [{"role": "user", "content": "Type <|user|> and <|assistant|> literally."}]
     out = on_host(
@@ -399,7 +418,7 @@ def test_tensor_parallel_2_launcher_parses_on_vllm_043(fleet):
 
 
 # What the rehearsal exists to catch: the kit as it was before the two fixes that made the
-# production path start (drills: `make drills`, about 3 minutes each). Each deploys testhost3 alone
+# production path start (drills: `make drills`, about 3 minutes each). Each deploys the rehearsal node alone
 # with the old behaviour back as a setting, and must fail its health gate and return to the release
 # it ran, serving.
 OLD_BEHAVIOUR = {
@@ -435,9 +454,9 @@ def test_rehearsal_fails_on_the_kits_old_behaviour(fleet, tmp_path, old):
     assert node_generates(GPU)
 
 
-# The balancer runs on testhost1 (hostctl's inventory puts it in glmdeploy_lb); the nodes
+# The balancer runs on the first host (hostctl's inventory puts it in glmdeploy_lb); the nodes
 # listen on their bridge addresses, so the API requires the deployment's key.
-LB_API = f"http://{hostctl.host_ip('testhost1')}:9000/v1"
+LB_API = f"http://{hostctl.host_ip(LB_HOST)}:9000/v1"
 KEY_FILE = ROOT / "artifacts" / "secrets" / "api_key"
 
 
@@ -470,28 +489,28 @@ def test_api_beyond_localhost_requires_the_key_and_the_key_stays_secret(fleet):
     status, text = lb_generate(key)
     assert status == 200 and text, "no streamed text through the balancer with the key"
     out = on_host(
-        "testhost2",
+        HOSTS[1],
         "stat -c '%U %a' /etc/glmdeploy/vllm_server.env; stat -L -c '%U %G %a' /etc/glmdeploy/node.json; "
         "grep -c VLLM_API_KEY /etc/systemd/system/glmdeploy-vllm_server.service || true",
     )
     assert out.stdout.split() == ["root", "600", "root", "glmdeploy", "640", "0"], out.stdout
-    leaked = [log.name for log in (ROOT / "reports" / "e2e-logs").glob("*.log") if key in log.read_text()]
+    leaked = [log.name for log in E2E_LOGS.glob("**/*.log") if key in log.read_text()]
     assert not leaked, f"the API key appears in {leaked}"
 
 
 def test_drained_node_gets_no_requests_until_undrained(fleet):
-    key = KEY_FILE.read_text().strip()
-    drained = make("drain", f"INVENTORY={fleet['inventory']}", "HOST=testhost2")
+    key, node = KEY_FILE.read_text().strip(), HOSTS[1]
+    drained = make("drain", f"INVENTORY={fleet['inventory']}", f"HOST={node}")
     try:
         assert drained.returncode == 0, drained.stdout[-2000:]
-        before = completions_served("testhost2")
+        before = completions_served(node)
         assert all(lb_generate(key, max_tokens=2)[0] == 200 for _ in range(9))
-        assert completions_served("testhost2") == before, "a drained node was sent requests"
+        assert completions_served(node) == before, "a drained node was sent requests"
     finally:  # back behind the balancer whatever happened: later tests send it requests
-        back = make("undrain", f"INVENTORY={fleet['inventory']}", "HOST=testhost2")
+        back = make("undrain", f"INVENTORY={fleet['inventory']}", f"HOST={node}")
     assert back.returncode == 0, back.stdout[-2000:]
     assert all(lb_generate(key, max_tokens=2)[0] == 200 for _ in range(9))
-    assert completions_served("testhost2") > before, "an undrained node got no requests"
+    assert completions_served(node) > before, "an undrained node got no requests"
     refused = make("drain", f"INVENTORY={fleet['inventory']}", "HOST=nosuchhost")
     assert refused.returncode != 0 and "is not in the inventory group" in refused.stdout
 
@@ -499,7 +518,7 @@ def test_drained_node_gets_no_requests_until_undrained(fleet):
 def test_ui_behind_the_balancer_can_require_basic_auth(fleet, tmp_path):
     users = tmp_path / "users.json"  # a file, as an admin would keep it (never on a command line)
     users.write_text('{"load_balancer_ui_users": [{"name": "lab", "password": "drill-only"}]}')
-    ui = f"http://{hostctl.host_ip('testhost1')}:9501/"
+    ui = f"http://{hostctl.host_ip(LB_HOST)}:9501/"
     try:
         applied = make("lb", f"INVENTORY={fleet['inventory']}", f"ANSIBLE_ARGS=-e @{users}")
         assert applied.returncode == 0, applied.stdout[-2000:]
@@ -568,7 +587,7 @@ def releases_of(host: str) -> dict:
 
 
 def drained_nodes() -> list[str]:
-    return json.loads(on_host("testhost1", "cat /etc/glmdeploy/lb-drained.json").stdout)
+    return json.loads(on_host(LB_HOST, "cat /etc/glmdeploy/lb-drained.json").stdout)
 
 
 def node_generates(host: str) -> bool:
@@ -586,13 +605,13 @@ def test_killed_vllm_is_restarted_while_the_balancer_routes_around_it(fleet):
     The node has no route out (test_hosts_have_no_route_out): its restart also shows that a node
     cut off from the outside starts and serves, since nothing is fetched at run time.
     """
-    assert "default" not in on_host("testhost2", "ip route show default").stdout
+    assert "default" not in on_host(CPU, "ip route show default").stdout
     with Load(KEY_FILE.read_text().strip()) as load:
         # The API server: the child of the unit's main process (glmdeploy.procguard).
-        killed = on_host("testhost2", "kill -9 $(pgrep -P $(systemctl show -p MainPID --value glmdeploy-vllm_server))")
+        killed = on_host(CPU, "kill -9 $(pgrep -P $(systemctl show -p MainPID --value glmdeploy-vllm_server))")
         assert killed.returncode == 0, killed.stderr
         start = time.monotonic()
-        ready = node_generates("testhost2")
+        ready = node_generates(CPU)
         recover_s = round(time.monotonic() - start, 1)
     FIGURES["kill -9 drill: requests sent / failed / node ready again (s)"] = [load.sent, load.failed, recover_s]
     assert ready, "vLLM did not come back after kill -9"
@@ -659,7 +678,7 @@ def test_rollout_with_a_model_that_cannot_load_stops_with_that_node_back_and_ser
     )
     text = Path(fleet["inventory"]).read_text()
     inventory = tmp_path / "inventory.ini"
-    inventory.write_text(text.replace("testhost2 ansible_host=", f"testhost2 model_source_dir={bad} ansible_host="))
+    inventory.write_text(text.replace(f"{CPU} ansible_host=", f"{CPU} model_source_dir={bad} ansible_host="))
     before = {host: releases_of(host) for host in HOSTS}
     try:
         with Load(KEY_FILE.read_text().strip()) as load:
@@ -674,18 +693,18 @@ def test_rollout_with_a_model_that_cannot_load_stops_with_that_node_back_and_ser
         elapsed,
     ]
     assert proc.returncode != 0, "the rollout of a release that cannot load its model succeeded"
-    gate = "failed its health gate on testhost2"
+    gate = f"failed its health gate on {CPU}"
     assert gate in proc.stdout and "keeps failing to start" in proc.stdout, proc.stdout[-3000:]
-    assert "the node is back on release " + before["testhost2"]["current"] in proc.stdout
+    assert "the node is back on release " + before[CPU]["current"] in proc.stdout
     after = {host: releases_of(host) for host in HOSTS}
-    assert after["testhost2"]["current"] == before["testhost2"]["current"]
-    assert after["testhost2"]["previous"] == before["testhost2"]["previous"]
-    known = {r["id"] for r in before["testhost2"]["releases"]}
-    assert [r["state"] for r in after["testhost2"]["releases"] if r["id"] not in known] == ["failed"]
-    assert after["testhost3"] == before["testhost3"], "the rollout went on past the failed node"
-    assert not re.search(r"^testhost3\s*:", proc.stdout.split("PLAY RECAP")[1], re.M), "testhost3 was touched"
+    assert after[CPU]["current"] == before[CPU]["current"]
+    assert after[CPU]["previous"] == before[CPU]["previous"]
+    known = {r["id"] for r in before[CPU]["releases"]}
+    assert [r["state"] for r in after[CPU]["releases"] if r["id"] not in known] == ["failed"]
+    assert after[GPU] == before[GPU], "the rollout went on past the failed node"
+    assert not re.search(rf"^{GPU}\s*:", proc.stdout.split("PLAY RECAP")[1], re.M), f"{GPU} was touched"
     assert drained_nodes() == [], "the rolled-back node was left out of the balancer"
-    assert node_generates("testhost2")
+    assert node_generates(CPU)
     assert load.failed == 0, f"{load.failed} of {load.sent} user requests failed during the failed rollout"
 
 
@@ -744,7 +763,7 @@ def processes_on(host: str) -> list[dict]:
 
 
 def test_kill_9_of_the_api_server_under_systemd_leaves_no_orphaned_engine(fleet):
-    host = "testhost2"
+    host = CPU
     before = processes_on(host)
     guard = int(on_host(host, "systemctl show -p MainPID --value glmdeploy-vllm_server").stdout)
     server = next(p for p in before if p["ppid"] == guard and p["service"] == "vllm_server")
@@ -761,18 +780,19 @@ def test_kill_9_of_the_api_server_under_systemd_leaves_no_orphaned_engine(fleet)
 # The package a drift changes on one host, at the version the cpu lock pins.
 IDNA = re.search(r"^idna==(\S+)", (ROOT / "constraints" / "cpu-py311.txt").read_text(), re.M).group(1)  # type: ignore[union-attr]
 
-# Each host gets its own breakage, made in place on the node the way drift happens in a lab
-# (a hand edit, a stray upgrade, a corrupted copy). Backups are restored afterwards.
-DRIFT = {
-    "testhost1": """
+# Each kind of breakage, made in place on a node the way drift happens in a lab (a hand edit, a
+# stray upgrade, a corrupted copy): the tokenizer on the first cpu node, a package and a weight
+# shard on the last cpu node (the same node on 2 hosts), the dtype on the rehearsal node. Backups
+# are restored afterwards.
+TOKENIZER_SWAP = """
 p = '/opt/glmdeploy/current/model/tokenization_chatglm.py'
 code = open(p).read()
 swapped = code.replace('"<|user|>",', '"@@",', 1).replace('"<|assistant|>",', '"<|user|>",', 1)
 swapped = swapped.replace('"@@",', '"<|assistant|>",', 1)
 assert swapped != code
 open(p, 'w').write(swapped)
-""",
-    "testhost2": f"""
+"""
+PACKAGE_AND_SHARD = f"""
 import glob
 meta = glob.glob('/opt/glmdeploy/current/env/lib/python3.*/site-packages/idna-*.dist-info/METADATA')[0]
 text = open(meta).read()
@@ -781,15 +801,17 @@ open(meta, 'w').write(text.replace('Version: {IDNA}', 'Version: {IDNA}.post9', 1
 with open('/opt/glmdeploy/current/model/model-00002-of-00002.safetensors', 'r+b') as fh:
     fh.seek(-100, 2)
     fh.write(b'\\x00\\x01\\x02\\x03')
-""",
-    "testhost3": """
+"""
+DTYPE = """
 import json
 p = '/opt/glmdeploy/current/model/config.json'
 c = json.load(open(p))
 c['torch_dtype'] = 'float32'
 json.dump(c, open(p, 'w'), indent=2)
-""",
-}
+"""
+DRIFT: dict[str, list[str]] = {}
+for _host, _script in ((CPU_HOSTS[0], TOKENIZER_SWAP), (CPU, PACKAGE_AND_SHARD), (GPU, DTYPE)):
+    DRIFT.setdefault(_host, []).append(_script)
 BACKUP = (
     "cd /opt/glmdeploy && tar -cf /root/drift-backup.tar $(realpath --relative-to=. current/model) "
     "$(realpath --relative-to=. current/env/lib/python3.*/site-packages/idna-*.dist-info)"
@@ -799,8 +821,8 @@ RESTORE = "cd /opt/glmdeploy && tar -xpf /root/drift-backup.tar && rm /root/drif
 
 def test_verify_names_host_and_field_for_each_kind_of_drift(fleet):
     try:  # every host restored, also when breaking one of them failed (a host with no backup: a no-op)
-        for host, script in DRIFT.items():
-            out = on_host(host, f"{BACKUP} && python3 - <<'PY'\n{script}\nPY")
+        for host, scripts in DRIFT.items():  # one backup per host, before any of its breakages
+            out = on_host(host, f"{BACKUP} && python3 - <<'PY'\n{''.join(scripts)}\nPY")
             assert out.returncode == 0, out.stderr
         proc = make("verify", f"INVENTORY={fleet['inventory']}", timeout=600)
     finally:
@@ -810,17 +832,18 @@ def test_verify_names_host_and_field_for_each_kind_of_drift(fleet):
     text = proc.stdout
     expected = [
         # a changed special-token id and a changed tokenizer file, named by the node's golden check
-        "testhost1: smoke: failed: test_serving_tokenizer_matches_the_golden_file: "
+        f"{CPU_HOSTS[0]}: smoke: failed: test_serving_tokenizer_matches_the_golden_file: "
         "AssertionError: tokenizer drift against chatglm3-fixture.json: special_ids[<|assistant|>]",
-        "testhost1: model_files: model file changed: tokenization_chatglm.py",
+        f"{CPU_HOSTS[0]}: model_files: model file changed: tokenization_chatglm.py",
         # a package version changed on one host only
-        f"testhost2: packages: not the lock: idna {IDNA}.post9 (lock {IDNA})",
+        f"{CPU}: packages: not the lock: idna {IDNA}.post9 (lock {IDNA})",
         # a model file changed on one host only (in place: the manifest on the node is unchanged)
-        "testhost2: model_files: model file changed: model-00002-of-00002.safetensors",
+        f"{CPU}: model_files: model file changed: model-00002-of-00002.safetensors",
         # a float32 model config
-        "testhost3: dtype: float32 (expected float16)",
-        "testhost3: model_files: model file changed: config.json",
+        f"{GPU}: dtype: float32 (expected float16)",
+        f"{GPU}: model_files: model file changed: config.json",
     ]
     missing = [line for line in expected if line not in text]
     assert not missing, f"verify did not name: {missing}\n{text[-3000:]}"
-    assert "testhost1: dtype" not in text and "testhost3: packages" not in text, "drift blamed on the wrong host"
+    wrong = [f"{h}: dtype" for h in CPU_HOSTS] + [f"{GPU}: packages"]
+    assert not [w for w in wrong if w in text], "drift blamed on the wrong host"

@@ -97,3 +97,37 @@ def test_a_cache_that_cannot_be_written_is_a_warning_not_a_failed_deploy(tmp_pat
     result = run(tmp_path, names=[NAME], pack_dir=str(tmp_path / "releases"), cache_dir=str(blocker), state="stored")
     assert not result["changed"]
     assert any("was not used" in w and "PACK_CACHE" in w for w in warnings(result)), result
+
+
+def test_a_pack_brought_from_a_node_is_published_with_its_sha256(tmp_path):
+    packs = tmp_path / "releases"
+    packs.mkdir()
+    partial = packs / f".{NAME}.node1.partial"
+    partial.write_bytes(b"node1 bytes")
+    dry = run(tmp_path, check=True, names=[NAME], pack_dir=str(packs), partial=str(partial), state="published")
+    assert dry["changed"] and not (packs / NAME).exists(), "check mode published the pack"
+    result = run(tmp_path, names=[NAME], pack_dir=str(packs), partial=str(partial), state="published")
+    assert result["changed"] and result["published"] == [NAME]
+    assert (packs / NAME).read_bytes() == b"node1 bytes" and not partial.exists()
+    recorded = (packs / f"{NAME}.sha256").read_text().split()
+    assert recorded == [hashlib.sha256(b"node1 bytes").hexdigest(), NAME]
+
+
+def test_two_runs_publishing_the_same_pack_at_once_leave_one_pack_that_matches_its_sha256(tmp_path):
+    """Two deploys from one checkout (this machine and the test hosts) built the same pack: the
+    pack directory ends with one of them whole and its own SHA256, never a mix."""
+    packs = tmp_path / "releases"
+    packs.mkdir()
+    procs = []
+    for node in ("node1", "node2"):
+        partial = packs / f".{NAME}.{node}.partial"
+        partial.write_bytes(node.encode() * 4_000_000)  # big enough that the two overlap
+        spec = tmp_path / f"args-{node}.json"
+        args = {"names": [NAME], "pack_dir": str(packs), "partial": str(partial), "state": "published"}
+        spec.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
+        procs.append(subprocess.Popen([str(TOOLS_PY), str(MODULE), str(spec)], stdout=subprocess.PIPE, text=True))
+    results = [json.loads(p.communicate()[0]) for p in procs]
+    assert sorted(len(r["published"]) for r in results) == [0, 1], results
+    data = (packs / NAME).read_bytes()
+    assert (packs / f"{NAME}.sha256").read_text().split()[0] == hashlib.sha256(data).hexdigest()
+    assert not list(packs.glob("*.partial")), "a run's partial copy was left behind"
