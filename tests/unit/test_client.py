@@ -148,3 +148,21 @@ def test_bench_request_raises_on_an_error_event(server: _Server) -> None:
     server.raw = VLLM_043_FAILING_STREAM
     with pytest.raises(ServerError, match="CUDA out of memory"):
         one_request(_client(server), [5, 6, 7], 4)
+
+
+def test_client_and_node_config_keep_the_api_key_out_of_their_repr(tmp_path) -> None:
+    """A failing smoke test prints its fixtures (the client, the node's config) into the deploy's
+    output: the key must not be in what they print."""
+    from glmdeploy.config import NodeConfig
+
+    key = "k3y-that-must-not-print"
+    client = ApiClient("http://10.0.0.1:8000/v1", "chatglm3-6b-32k", key)
+    (tmp_path / "node.json").write_text(
+        json.dumps(
+            {"api_url": "http://10.0.0.1:8000/v1", "api_key": key, "served_model_name": "chatglm3-6b-32k"}
+            | {"model_dir": "/opt/glmdeploy/current/model", "profile": "gpu-cu121", "dtype": "float16"}
+        )
+    )
+    node = NodeConfig.load(tmp_path / "node.json")
+    assert node.api_key == key and client.api_key == key
+    assert key not in repr(client) and key not in repr(node) and key not in str(node)
