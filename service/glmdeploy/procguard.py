@@ -18,6 +18,11 @@ write, so the guard does it in user space, with what the kernel offers any proce
 - before it starts the server, processes left by an earlier run of the same service (killed
   with its guard: nothing could clean up then) are stopped the same way and named in the log.
 
+Only processes in the guard's own PID namespace are the guard's: a machine that also runs
+containers (the kit's test hosts; a node that hosts other systemd containers) shows their
+processes in its ``/proc`` too, with the same marks and often the same user ID, and they are
+another node's services.
+
 A shell wrapper cannot set the subreaper or death-signal flags, hence a small Python program
 (standard library only: it runs before the environment's packages matter).
 
@@ -72,11 +77,21 @@ def _command(pid: int) -> str:
     return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:160] or "?"
 
 
+def _pid_namespace(pid: int | str) -> str:
+    """The process's PID namespace (``pid:[inode]``); empty when it cannot be read (gone, or not ours)."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return ""
+
+
 def processes(service: str, run: str | None = None, exclude_run: str | None = None) -> Iterator[int]:
-    """PIDs of the service's processes: of one run, or of every run but one."""
-    me = os.getpid()
+    """PIDs of the service's processes in this PID namespace: of one run, or of every run but one."""
+    me, mine = os.getpid(), _pid_namespace("self")
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        if _pid_namespace(entry.name) != mine:
             continue
         env = _environ(int(entry.name))
         if env.get(SERVICE_VAR) != service or RUN_VAR not in env:

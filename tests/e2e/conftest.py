@@ -120,16 +120,18 @@ def service_pids() -> dict[str, int]:
     return pids
 
 
-# Every process of the service user, as JSON: pid, start time, command, RSS and the service run it
-# belongs to (glmdeploy.procguard marks each run's processes in their environment; the guard
-# itself carries no mark). Run with python3 as root, on this machine or on a test host.
+# Every process of the service user in this PID namespace (the test hosts' processes show in this
+# machine's /proc too, often with the same user ID), as JSON: pid, start time, command, RSS and the
+# service run it belongs to (glmdeploy.procguard marks each run's processes in their environment;
+# the guard itself carries no mark). Run with python3 as root, on this machine or on a test host.
 SERVICE_USER_PROCESSES = """
 import json, os, pwd
 uid = pwd.getpwnam("glmdeploy").pw_uid
+mine = os.readlink("/proc/self/ns/pid")
 procs = []
 for pid in filter(str.isdigit, os.listdir("/proc")):
     try:
-        if os.stat(f"/proc/{pid}").st_uid != uid:
+        if os.stat(f"/proc/{pid}").st_uid != uid or os.readlink(f"/proc/{pid}/ns/pid") != mine:
             continue
         stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
         env = dict(kv.split("=", 1) for kv in open(f"/proc/{pid}/environ").read().split("\\0") if "=" in kv)

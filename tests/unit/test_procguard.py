@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -124,3 +126,29 @@ def test_a_helper_that_drops_the_marks_is_still_stopped(tmp_path, name):
     os.kill(server_pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert not alive(helper), "an unmarked orphan of the server outlived it"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare(1)")
+def test_next_start_leaves_a_container_s_processes_alone(tmp_path, name):
+    """A machine that runs containers (the kit's test hosts, beside this machine's node in make
+    test) shows their processes in its /proc, marks and user ID included: they are another
+    node's services. Only a leftover in the guard's own PID namespace is stopped."""
+    env = dict(os.environ, GLMDEPLOY_SERVICE=name, GLMDEPLOY_SERVICE_RUN="an-earlier-run")
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    here = subprocess.Popen(sleeper, env=env)
+    unshare = subprocess.Popen(["unshare", "--pid", "--fork", *sleeper], env=env)
+    children = Path(f"/proc/{unshare.pid}/task/{unshare.pid}/children")
+    assert wait_for(lambda: children.read_text().split() != []), "unshare started no process"
+    there = int(children.read_text().split()[0])
+    try:
+        assert os.readlink(f"/proc/{there}/ns/pid") != os.readlink("/proc/self/ns/pid")
+        again = guard(name, "true")
+        assert again.wait(timeout=30) == 0
+        assert wait_for(lambda: not alive(here.pid)), "the leftover in this PID namespace is still running"
+        assert alive(there), "the guard stopped a process of another PID namespace"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(there, signal.SIGKILL)
+        for proc in (here, unshare):
+            proc.kill()
+            proc.wait(timeout=10)
