@@ -107,10 +107,14 @@ def locked(directory: Path) -> Iterator[None]:
 def publish(name: str, pack_dir: Path, partial: Path, check: bool) -> list[str]:
     """partial becomes pack_dir/name, then its SHA256 file; a pack already published stays and
     partial is dropped (its bytes differ, by timestamps, from the published one's)."""
+
+    def published() -> bool:
+        return (pack_dir / f"{name}.sha256").is_file() and (pack_dir / name).is_file()
+
     if check:
-        return [] if (pack_dir / f"{name}.sha256").is_file() else [name]
+        return [] if published() else [name]
     with locked(pack_dir):
-        if (pack_dir / f"{name}.sha256").is_file() and (pack_dir / name).is_file():
+        if published():
             partial.unlink(missing_ok=True)
             return []
         digest = sha256_of(partial)

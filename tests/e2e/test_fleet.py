@@ -60,6 +60,7 @@ FLEET_HOSTS = int(os.environ.get("GLMDEPLOY_FLEET_HOSTS", "2"))
 HOSTS = hostctl.host_names(FLEET_HOSTS)
 CPU_HOSTS, GPU = HOSTS[:-1], HOSTS[-1]
 LB_HOST = HOSTS[0]  # hostctl's inventory puts the first host in glmdeploy_lb
+BEHIND = HOSTS[1]  # a node behind the balancer, on another host than the balancer
 # The node drained, killed or broken in the drills: a cpu node, the last before the rehearsal
 # node (a rollout reaches it before the rehearsal node; on 2 hosts it is the balancer's host).
 CPU = CPU_HOSTS[-1]
@@ -499,7 +500,7 @@ def test_api_beyond_localhost_requires_the_key_and_the_key_stays_secret(fleet):
     status, text = lb_generate(key)
     assert status == 200 and text, "no streamed text through the balancer with the key"
     out = on_host(
-        HOSTS[1],
+        BEHIND,
         "stat -c '%U %a' /etc/glmdeploy/vllm_server.env; stat -L -c '%U %G %a' /etc/glmdeploy/node.json; "
         "grep -c VLLM_API_KEY /etc/systemd/system/glmdeploy-vllm_server.service || true",
     )
@@ -509,7 +510,7 @@ def test_api_beyond_localhost_requires_the_key_and_the_key_stays_secret(fleet):
 
 
 def test_drained_node_gets_no_requests_until_undrained(fleet):
-    key, node = KEY_FILE.read_text().strip(), HOSTS[1]
+    key, node = KEY_FILE.read_text().strip(), BEHIND
     drained = make("drain", f"INVENTORY={fleet['inventory']}", f"HOST={node}")
     try:
         assert drained.returncode == 0, drained.stdout[-2000:]
