@@ -7,11 +7,16 @@ VENVS     := .venv
 TOOLS     := $(VENVS)/tools
 REFENV    := $(VENVS)/tokenizer-ref
 ARTIFACTS := artifacts
-# Each node's profile is its own (inventory `glmdeploy_profile`, else the node's hardware:
-# playbooks/tasks/profile.yml). PROFILE=... on the command line forces one for every node of
-# the run; the targets that work on the control node alone (wheelhouse, tokenizer-lock) default
-# to cpu when this machine has no NVIDIA driver loaded, gpu-cu121 when it has.
-PROFILE   ?= $(shell test -e /proc/driver/nvidia/version && echo gpu-cu121 || echo cpu)
+# The profile registry (constraints/profiles.toml), read through its one loader: profile names,
+# models, file names and the GPU rule come from there, never from this file.
+REGISTRY  = PYTHONPATH=$(CURDIR)/service $(PYTHON) -m glmdeploy_control.registry
+# Each node's profile is its own (inventory `glmdeploy_profile`, else the node's hardware by the
+# registry's GPU rule: playbooks/tasks/profile.yml). PROFILE=... on the command line forces one
+# for every node of the run; the targets that work on the control node alone (wheelhouse,
+# model, tokenizer-lock) default to what the same rule gives for this machine.
+ifeq ($(origin PROFILE),undefined)
+PROFILE   := $(shell $(REGISTRY) detect)
+endif
 FORCE_PROFILE := $(if $(filter command line environment,$(origin PROFILE)),-e glmdeploy_profile=$(PROFILE))
 # Wheels kept on this machine across checkouts and CI runs (checked by hash on every use).
 WHEEL_CACHE ?= /var/cache/glmdeploy/wheels
@@ -20,7 +25,12 @@ export GLMDEPLOY_WHEEL_CACHE := $(WHEEL_CACHE)
 # deploy unpacks the pack an earlier deploy of the same lock built instead of running pip.
 PACK_CACHE ?= /var/cache/glmdeploy/packs
 export GLMDEPLOY_PACK_CACHE := $(PACK_CACHE)
-NODE_PY   ?= 311
+# The control node's Python (checked below) and the locks of its tool and reference environments.
+CONTROL_PY := 3.11
+TOOLS_LOCK := constraints/$(shell $(REGISTRY) lock-name tools $(CONTROL_PY))
+REFENV_LOCK := constraints/$(shell $(REGISTRY) lock-name tokenizer-ref $(CONTROL_PY))
+# The Python minor version `make wheelhouse` fetches for (a node's own version decides at deploy).
+NODE_PY   ?= 3.11
 # Where deploy, verify, smoke and releases write the control node's reports (smoke/, releases/,
 # verify.*): one directory per run that goes on at the same time from this checkout (make test
 # runs this machine's deploys and the test hosts' side by side, each with its own).
@@ -28,11 +38,12 @@ REPORTS   ?= reports
 export GLMDEPLOY_REPORTS := $(abspath $(REPORTS))
 INVENTORY ?= playbooks/localhost.ini
 ANSIBLE_ARGS ?=
-WHEELHOUSE := $(ARTIFACTS)/wheelhouse/$(PROFILE)-py$(NODE_PY)
+WHEELHOUSE = $(ARTIFACTS)/wheelhouse/$(shell $(REGISTRY) wheelhouse-name $(PROFILE) $(NODE_PY))
 N         ?= 3
 HOSTCTL   := $(TOOLS)/bin/python tests/hosts/hostctl.py
-FIXTURE   := $(ARTIFACTS)/models/chatglm3-fixture
-MODEL_DIR ?= $(if $(filter cpu,$(PROFILE)),$(FIXTURE),$(ARTIFACTS)/models/chatglm3-6b-32k)
+# The kit's generated model (`make fixture`) and the model PROFILE serves, as the registry names them.
+FIXTURE   := $(ARTIFACTS)/models/$(shell $(REGISTRY) fixture-model)
+MODEL_DIR ?= $(ARTIFACTS)/models/$(shell $(REGISTRY) get profiles.$(PROFILE).model)
 # make verify: the model directories the nodes were deployed from (each node's manifest is held to
 # MODELS/<model name>/SHA256SUMS); set it when a deploy used model_source_dir elsewhere.
 MODELS    ?= $(ARTIFACTS)/models
@@ -40,7 +51,7 @@ PYTEST_ARGS ?=
 # make bench: the endpoint (default: this machine's deployed node) and extra bench arguments.
 NODE_CONFIG ?= /etc/glmdeploy/node.json
 URL       ?=
-MODEL     ?= chatglm3-6b-32k
+MODEL     ?= $(shell $(REGISTRY) get kit.served_model_name)
 # make rollout: nodes per batch, and the share of a batch that may fail before it stops (percent).
 ROLLOUT_SERIAL   ?= 1
 ROLLOUT_MAX_FAIL ?= 0
@@ -65,22 +76,22 @@ export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
-	@echo "  variables: INVENTORY=$(INVENTORY)  ANSIBLE_ARGS=...  PROFILE=cpu|gpu-cu121 (forces one profile on every node;"
+	@echo "  variables: INVENTORY=$(INVENTORY)  ANSIBLE_ARGS=...  PROFILE=$(shell $(REGISTRY) profiles | tr ' ' '|') (forces one profile on every node;"
 	@echo "             unset, each node's inventory setting or hardware decides)  WHEEL_CACHE=$(WHEEL_CACHE)"
 	@echo "             PACK_CACHE=$(PACK_CACHE) (environment packs kept across checkouts; empty: off)"
 	@echo "             LOCK_WAIT=$(LOCK_WAIT) (seconds a deploy, rollout, rollback or undeploy waits for another run on the same inventory)"
 	@echo "             ARTIFACT_PORT=$(ARTIFACT_PORT) (the port make deploy/rollout serve artifacts/ on to other machines; 0: a free one)"
 
-$(TOOLS)/.stamp: constraints/tools-py311.txt
+$(TOOLS)/.stamp: $(TOOLS_LOCK)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' || \
 	  { echo "ERROR: the control node needs Python 3.11 as $(PYTHON) (found $$($(PYTHON) -V 2>&1)); fix: make PYTHON=/path/to/python3.11 ..."; exit 2; }
 	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || \
 	  { echo "ERROR: $(PYTHON) cannot create virtual environments; fix: apt install python3-venv"; exit 2; }
 	@echo "==> bootstrapping the tool environment in $(TOOLS) (ansible, linters, test tools)"
 	@rm -rf $(TOOLS) && $(PYTHON) -m venv $(TOOLS)
-	@awk '/^uv==/{p=1; print; next} p && /^[^ #]/{exit} p' constraints/tools-py311.txt > $(TOOLS)/uv.txt
+	@awk '/^uv==/{p=1; print; next} p && /^[^ #]/{exit} p' $(TOOLS_LOCK) > $(TOOLS)/uv.txt
 	@$(TOOLS)/bin/pip install -q --no-deps --require-hashes --only-binary=:all: -r $(TOOLS)/uv.txt
-	@$(call UV_INSTALL,$(TOOLS),constraints/tools-py311.txt)
+	@$(call UV_INSTALL,$(TOOLS),$(TOOLS_LOCK))
 	@touch $@
 
 # The lock's uv (pip installs it, hash-checked) installs the tool and reference environments:
@@ -102,10 +113,10 @@ REFENV_READY := $(REFENV)/$(CHECKOUT_PTH)
 
 tools: $(TOOLS)/.stamp $(TOOLS)/$(CHECKOUT_PTH) ## Bootstrap the tool venv (ansible, ansible-lint, yamllint, ruff, pytest, playwright)
 
-$(REFENV)/.stamp: constraints/tokenizer-ref-py311.txt $(TOOLS)/.stamp
+$(REFENV)/.stamp: $(REFENV_LOCK) $(TOOLS)/.stamp
 	@echo "==> building the reference tokenizer environment in $(REFENV) (transformers 4.40.2, tokenizers 0.19.1)"
 	@rm -rf $(REFENV) && $(PYTHON) -m venv $(REFENV)
-	@$(call UV_INSTALL,$(REFENV),constraints/tokenizer-ref-py311.txt)
+	@$(call UV_INSTALL,$(REFENV),$(REFENV_LOCK))
 	@touch $@
 
 lock: tools ## Re-resolve every constraints/*.in into hash-locked files (dated, reproducible)
@@ -115,10 +126,10 @@ lock-check: tools ## Fail if a committed lock differs from a fresh resolve
 	$(TOOLS)/bin/python constraints/lock.py check
 
 wheelhouse: tools ## Download the wheels of PROFILE's lock once, on the control node, and verify them
-	$(TOOLS)/bin/python constraints/lock.py wheelhouse --profile $(PROFILE) --python $(subst 3,3.,$(NODE_PY)) --dest $(WHEELHOUSE) --cache "$(WHEEL_CACHE)"
+	$(TOOLS)/bin/python constraints/lock.py wheelhouse --profile $(PROFILE) --python $(NODE_PY) --dest $(WHEELHOUSE) --cache "$(WHEEL_CACHE)"
 
-$(FIXTURE)/SHA256SUMS: $(REFENV_READY) service/glmdeploy_control/fixture.py service/glmdeploy/chatglm3.py $(wildcard service/glmdeploy_control/fixture_files/*.py)
-	@$(REFENV)/bin/python -m glmdeploy_control.fixture $(FIXTURE)
+$(FIXTURE)/SHA256SUMS: $(REFENV_READY) $(wildcard tests/support/fixture_model/*.py) service/glmdeploy/chatglm3.py $(wildcard tests/support/fixture_model/fixture_files/*.py)
+	@PYTHONPATH=tests/support $(REFENV)/bin/python -m fixture_model $(FIXTURE)
 
 fixture: $(FIXTURE)/SHA256SUMS ## Generate the tiny ChatGLM3-architecture fixture model (deterministic)
 
@@ -128,9 +139,9 @@ fixture: $(FIXTURE)/SHA256SUMS ## Generate the tiny ChatGLM3-architecture fixtur
 REHEARSAL_SOURCE   := $(ARTIFACTS)/published/chatglm3-rehearsal
 REHEARSAL_MODEL    := $(ARTIFACTS)/models/chatglm3-rehearsal
 REHEARSAL_REVISION := c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00
-FIXTURE_SOURCES    := $(REFENV_READY) service/glmdeploy_control/fixture.py service/glmdeploy/chatglm3.py $(wildcard service/glmdeploy_control/fixture_files/*.py)
+FIXTURE_SOURCES    := $(REFENV_READY) $(wildcard tests/support/fixture_model/*.py) service/glmdeploy/chatglm3.py $(wildcard tests/support/fixture_model/fixture_files/*.py)
 $(REHEARSAL_SOURCE)/pytorch_model.bin.index.json: $(FIXTURE_SOURCES)
-	@$(REFENV)/bin/python -m glmdeploy_control.fixture --shape published --kv-geometry $(REHEARSAL_SOURCE)
+	@PYTHONPATH=tests/support $(REFENV)/bin/python -m fixture_model --shape published --kv-geometry $(REHEARSAL_SOURCE)
 
 rehearsal-source: $(REHEARSAL_SOURCE)/pytorch_model.bin.index.json ## The rehearsal model as a plain repo copy in the published revision's shape (make weights stages it)
 
@@ -140,9 +151,9 @@ $(REHEARSAL_MODEL)/SHA256SUMS: $(REHEARSAL_SOURCE)/pytorch_model.bin.index.json 
 rehearsal-model: $(REHEARSAL_MODEL)/SHA256SUMS ## The gpu-cu121 rehearsal's model, staged by make weights from rehearsal-source (docs/rehearsal.md)
 
 # The cpu profile serves the fixture; gpu-cu121 serves pre-staged real weights (see README).
-model: $(if $(filter cpu,$(PROFILE)),fixture) ## The model PROFILE serves on the control node (cpu: the fixture; gpu-cu121: make weights)
+model: $(if $(filter fixture,$(shell $(REGISTRY) get profiles.$(PROFILE).model_source)),fixture) ## The model PROFILE serves on the control node (cpu: the fixture; gpu-cu121: make weights)
 
-weights: PROFILE = gpu-cu121
+weights: PROFILE = $(shell $(REGISTRY) get kit.auto.gpu)
 weights: $(REFENV_READY) ## Stage a model revision once: REVISION=<40-hex commit>; from the hub (HF_ENDPOINT=<a hub mirror>), MIRROR=url or FROM=dir
 	@test -n "$(REVISION)" || { echo "error: REVISION=<commit> is required (the model repo's 40-hex commit; a branch name moves)"; exit 2; }
 	$(REFENV)/bin/python -m glmdeploy_control.weights --revision "$(REVISION)" --dest $(MODEL_DIR) --work $(ARTIFACTS)/staging \
@@ -214,8 +225,10 @@ lint: tools ## ansible-lint (production profile), yamllint, ruff, mypy --strict 
 	ansible-lint --profile production --strict playbooks roles tests/scenarios
 	ansible-playbook -i playbooks/localhost.ini --syntax-check playbooks/site.yml playbooks/undeploy.yml playbooks/smoke.yml playbooks/driver.yml playbooks/baseline.yml playbooks/lb.yml playbooks/rollout.yml playbooks/rollback.yml playbooks/releases.yml
 	ruff check service smoke_tests tests constraints roles plugins library module_utils
-	$(TOOLS)/bin/mypy --config-file service/pyproject.toml service/glmdeploy service/glmdeploy_control module_utils
+	$(TOOLS)/bin/mypy --config-file service/pyproject.toml service/glmdeploy service/glmdeploy_control module_utils tests/support/fixture_model
 	$(TOOLS)/bin/python tests/lint/role_docs.py --check
+	$(TOOLS)/bin/python tests/lint/facts.py
+	$(TOOLS)/bin/python tests/lint/single_source.py
 	ruff format --check service smoke_tests tests constraints roles plugins library module_utils
 
 unit: tools $(REFENV_READY) fixture ## Unit tests of service/ and the lock tooling
@@ -268,10 +281,10 @@ hosts-prefetch: tools test-packages ## Build the test hosts' Debian rootfs in th
 # The wheelhouses the end-to-end tests deploy (cpu here and on the test hosts, gpu-cu121 on the
 # rehearsal host, 3.3 GB) download in the background while lint, lock check and unit tests run;
 # a deploy that needs one meanwhile waits for its download (constraints/lock.py holds a lock).
-wheels-prefetch: tools ## Download the cpu and gpu-cu121 wheelhouses in the background (make test starts it)
-	@echo "==> downloading the cpu and gpu-cu121 wheelhouses in the background (reports/wheels-prefetch.log)"
-	@mkdir -p reports; nohup sh -c 'for p in cpu gpu-cu121; do $(TOOLS)/bin/python constraints/lock.py wheelhouse \
-	  --profile $$p --python 3.11 --dest $(ARTIFACTS)/wheelhouse/$$p-py311 --cache "$(WHEEL_CACHE)"; done' \
+wheels-prefetch: tools ## Download every profile's wheelhouse for NODE_PY in the background (make test starts it)
+	@echo "==> downloading the wheelhouses of $$($(REGISTRY) profiles) in the background (reports/wheels-prefetch.log)"
+	@mkdir -p reports; nohup sh -c 'for p in $$($(REGISTRY) profiles); do $(TOOLS)/bin/python constraints/lock.py wheelhouse \
+	  --profile $$p --python $(NODE_PY) --dest $(ARTIFACTS)/wheelhouse/$$($(REGISTRY) wheelhouse-name $$p $(NODE_PY)) --cache "$(WHEEL_CACHE)"; done' \
 	  > reports/wheels-prefetch.log 2>&1 &
 
 # make test runs its phases, each timed (tests/ci/phases.py): the table at the end says where the

@@ -21,9 +21,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-import tomllib
-
 HERE = Path(__file__).resolve().parent
+# The registry's loader lives in the kit's control package; this script also runs outside the
+# tool environment (a bare `python3 constraints/lock.py`), so it finds the package itself.
+sys.path.insert(0, str(HERE.parent / "service"))
+from glmdeploy_control import registry  # noqa: E402
+
 PROFILES = HERE / "profiles.toml"
 _REQ = re.compile(r"^([A-Za-z0-9_.\-]+)==([^\s;\\]+)")
 _HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
@@ -33,13 +36,22 @@ class LockError(RuntimeError):
     """A problem the user can fix; printed without a traceback."""
 
 
-def load_profiles() -> dict[str, dict]:
-    with PROFILES.open("rb") as fh:
-        return tomllib.load(fh)
+def load_profiles() -> dict[str, registry.LockSet]:
+    """Every requirement set the registry names (node profiles and the others), by name."""
+    try:
+        return registry.load(PROFILES).lock_sets()
+    except registry.RegistryError as exc:
+        raise LockError(str(exc)) from exc
+
+
+def _lock_set(sets: dict[str, registry.LockSet], name: str) -> registry.LockSet:
+    if name not in sets:
+        raise LockError(f"no requirement set {name!r} in {PROFILES.name}: it has {', '.join(sets)}")
+    return sets[name]
 
 
 def lock_path(profile: str, python: str) -> Path:
-    return HERE / f"{profile}-py{python.replace('.', '')}.txt"
+    return HERE / registry.load(PROFILES).lock_name(profile, python)
 
 
 def pip_config(option: str) -> list[str]:
@@ -120,7 +132,7 @@ def uv() -> str:
     return exe
 
 
-def compile_one(name: str, spec: dict, python: str, out: Path) -> None:
+def compile_one(name: str, spec: registry.LockSet, python: str, out: Path) -> None:
     cmd = [
         uv(),
         "pip",
@@ -134,18 +146,18 @@ def compile_one(name: str, spec: dict, python: str, out: Path) -> None:
         "--python-platform",
         "x86_64-manylinux_2_28",
         "--exclude-newer",
-        spec["exclude_newer"],
+        spec.exclude_newer,
         "--output-file",
         str(out),
     ]
-    for pkg in spec.get("no_emit", []):
+    for pkg in spec.no_emit:
         cmd += ["--no-emit-package", pkg]
-    for pkg, date in spec.get("exclude_newer_package", {}).items():
+    for pkg, date in spec.exclude_newer_package.items():
         cmd += ["--exclude-newer-package", f"{pkg}={date}"]
-    if spec.get("local_wheels"):
+    if spec.local_wheels:
         for link in pip_find_links():
             cmd += ["--find-links", link]
-    print(f"==> resolving {name} for Python {python} (releases before {spec['exclude_newer']})", flush=True)
+    print(f"==> resolving {name} for Python {python} (releases before {spec.exclude_newer})", flush=True)
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise LockError(f"resolving {name} for Python {python} failed:\n{result.stderr.strip()}")
@@ -155,8 +167,8 @@ def cmd_lock(args: argparse.Namespace) -> None:
     profiles = load_profiles()
     names = args.profile or list(profiles)
     for name in names:
-        spec = profiles[name]
-        for python in spec["python"]:
+        spec = _lock_set(profiles, name)
+        for python in spec.python:
             compile_one(name, spec, python, lock_path(name, python))
             print(f"    wrote {lock_path(name, python).relative_to(HERE.parent)}")
 
@@ -167,8 +179,8 @@ def cmd_check(args: argparse.Namespace) -> None:
     stale = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.profile or list(profiles):
-            spec = profiles[name]
-            for python in spec["python"]:
+            spec = _lock_set(profiles, name)
+            for python in spec.python:
                 fresh = Path(tmp) / lock_path(name, python).name
                 compile_one(name, spec, python, fresh)
                 committed = lock_path(name, python)

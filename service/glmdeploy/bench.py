@@ -310,7 +310,7 @@ def _client(args: argparse.Namespace) -> tuple[ApiClient, dict[str, Any]]:
     settings: dict[str, Any] = {}
     if args.node_config:
         node = NodeConfig.load(args.node_config)
-        settings = json.loads(Path(args.node_config).read_text())
+        settings = node.public()
         url, model, key = node.api_url, node.served_model_name, node.api_key
     else:
         url, model, key = args.url, args.model, os.environ.get("GLMDEPLOY_API_KEY", "")
@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         _write(args.out, out)
         print(f"baseline: {level.output_tokens_per_s:.1f} out tok/s ({meta['hardware_class']}) -> {args.out}")
         return 0
-    max_len = settings.get("max_model_len")
+    max_len = settings.get("max_model_len")  # none: --url without a node.json
     levels = run_matrix(
         client, args.input_lens, args.output_lens, args.concurrency, args.requests, int(max_len) if max_len else None
     )

@@ -1,9 +1,22 @@
 """A small OpenAI-compatible client for the kit's vLLM server, streaming first.
 
-Why not the `openai` package: the client must run in every profile's locked
-environment and in the smoke tests with the same behaviour; the standard
-library is enough for JSON over HTTP and server-sent events, and it sends the
-vLLM extensions the kit depends on (prompt as token ids, stop token ids).
+Why `http.client` and not the `openai` or `httpx` package, although every node lock has both
+(as vLLM's dependencies, not the kit's: they change when vLLM does):
+
+- The locks carry two different clients: gpu-cu121 has openai 1.35.7 on httpx 0.27.0, cpu has
+  openai 3.42.1 on httpx2 2.16.0 (another HTTP package; cpu's httpx 0.28.1 is there for others).
+  Code on top of them would meet two major versions and two sets of exception types.
+- Neither openai release's `Stream` fails the way the kit's callers need: both raise only for an
+  event whose JSON has an `error` key (vLLM's bare `{"object": "error", ...}` passes through as a
+  chunk), and both end quietly when the stream stops before `[DONE]`, so a reply cut short by a
+  proxy timeout or a dead server looks complete. The kit's streams go through `glmdeploy.sse`,
+  which raises in both cases (its docstring says why it is hand-written too).
+- The requests carry vLLM's extensions (the prompt as token ids, `stop_token_ids`,
+  `skip_special_tokens`, `ignore_eos`, `return_token_ids`) and the answers carry fields outside
+  the OpenAI schema (`token_ids`, `prompt_token_ids`): as plain JSON they need no `extra_body`
+  and no reading of a response model's extras.
+- The unit tests (tests/unit/test_client.py) run in the reference environment
+  (constraints/tokenizer-ref-py311.txt), which has neither package.
 """
 
 from __future__ import annotations

@@ -23,8 +23,12 @@ containers (the kit's test hosts; a node that hosts other systemd containers) sh
 processes in its ``/proc`` too, with the same marks and often the same user ID, and they are
 another node's services.
 
-A shell wrapper cannot set the subreaper or death-signal flags, hence a small Python program
-(standard library only: it runs before the environment's packages matter).
+A shell wrapper cannot set the subreaper or death-signal flags, hence a small Python program.
+It reads ``/proc`` itself rather than through ``psutil`` (in every node lock as vLLM's dependency:
+6.0.0 on gpu-cu121, 7.2.2 on cpu): neither release exposes a process's PID namespace, which the
+guard compares first, nor ``prctl``, which it sets; what psutil would replace is three short file
+reads (environment, command line, state) and the children lists; and the unit tests
+(tests/unit/test_procguard.py) run in the reference environment, which has no psutil.
 
 Usage: ``python -m glmdeploy.procguard NAME -- COMMAND [ARG...]``
 """

@@ -7,7 +7,8 @@ for, minus CUDA context and graphs; the rest is KV cache at 28 KiB per token.
 
 The two engine-dependent constants are calibrated, not guessed: with them the
 formula gives 112.2 GiB of KV cache on an H200 at utilisation 0.90 with a
-16,384-token batch, where vLLM reported 112 GiB (`../shared/reference/gpu-anchor.md`).
+16,384-token batch, where vLLM reported 112 GiB in the maintainers' GPU anchor run
+(docs/reference/gpu-settings.md, "The figures behind the formula").
 Nothing here has run on a 24 GB card; the numbers for those classes are the
 same formula, and a first deployment should compare them with the KV cache
 size vLLM logs at start ("# GPU blocks" / "KV cache size").

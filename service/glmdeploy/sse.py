@@ -15,11 +15,15 @@ code: a consumer must never take it for an empty chunk and the reply for a compl
 stream that ends before `[DONE]` (a proxy timeout, a server that died) raises `IncompleteStream`
 for the same reason: the reply may be cut short.
 
-Hand-written, standard library only: it runs on each node's interpreters (Python 3.10 and 3.11,
-inside the profile's hash-locked environment, which carries no SSE library for a client), in the
-smoke suite and in the rehearsal with nothing extra installed. The wire format is the WHATWG
-one (html.spec.whatwg.org, "server-sent events"): lines end in CRLF, LF or CR; a line starting
-with `:` is a comment; `field: value` drops one space after the colon; consecutive `data:`
+Hand-written, standard library only. The node locks carry HTTP clients (as vLLM's dependencies)
+but no SSE decoder that fits: httpx (0.27.0 on gpu-cu121, 0.28.1 on cpu) has none and httpx-sse
+is in no lock; httpx2 2.16.0 has one, in the cpu lock only; openai's (1.35.7 on gpu-cu121, 3.42.1
+on cpu) sits inside its `Stream`, which raises only on an `error` key and ends quietly without
+`[DONE]` (see glmdeploy.client). And the decoder runs where no node lock is installed: the unit
+tests (the reference environment), the end-to-end tests (the tool environment) and the gpu-cu121
+rehearsal's runner (`tests/rehearsal/run_rehearsal.py`, any python3). The wire format is the
+WHATWG one (html.spec.whatwg.org, "server-sent events"): lines end in CRLF, LF or CR; a line
+starting with `:` is a comment; `field: value` drops one space after the colon; consecutive `data:`
 lines join with a newline; a blank line dispatches the event.
 """
 

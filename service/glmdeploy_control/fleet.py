@@ -52,11 +52,15 @@ def _lock_module(root: Path) -> Any:
     return module
 
 
+def _minor(fp: dict[str, Any]) -> str:
+    """The node's Python as its lock is chosen: "3.11.2" -> "3.11"."""
+    return ".".join(str(fp["python"]).split(".")[:2])
+
+
 def expected_for(fp: dict[str, Any], root: Path, model_root: Path) -> dict[str, str]:
-    py = "".join(fp["python"].split(".")[:2])
     model = fp.get("model", "")
     return {
-        "lock": _digest(root / "constraints" / f"{fp['profile']}-py{py}.txt"),
+        "lock": _digest(_lock_module(root).lock_path(fp["profile"], _minor(fp))),
         "model_manifest": _digest(model_root / model / "SHA256SUMS"),
         "tokenizer_golden": _digest(root / "smoke_tests" / "golden" / f"{model}.json"),
         "model_files": "match manifest",
@@ -65,9 +69,8 @@ def expected_for(fp: dict[str, Any], root: Path, model_root: Path) -> dict[str, 
 
 
 def package_drift(fp: dict[str, Any], root: Path) -> list[str]:
-    py = "".join(fp["python"].split(".")[:2])
     lock = _lock_module(root)
-    pinned = {n: v for n, (v, _) in lock.parse_lock(lock.lock_path(fp["profile"], f"{py[0]}.{py[1:]}")).items()}
+    pinned = {n: v for n, (v, _) in lock.parse_lock(lock.lock_path(fp["profile"], _minor(fp))).items()}
     installed = {lock.normalise(n): v for n, v in fp.get("_package_versions", {}).items()}
     drift = [
         f"{n} {installed.get(n, 'missing')} (lock {v})" for n, v in sorted(pinned.items()) if installed.get(n) != v

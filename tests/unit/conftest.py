@@ -11,6 +11,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "constraints"))
 # The release logic is an Ansible module_utils (it runs on the node with the glmdeploy_release module).
 sys.path.insert(0, str(ROOT / "module_utils"))
+# Test-support modules (tests/support/: the fixture model's generator `fixture_model`, ...): not part of the kit.
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import node_json  # tests/support
 import pytest
 
 from glmdeploy import sse
@@ -157,12 +158,8 @@ def test_client_and_node_config_keep_the_api_key_out_of_their_repr(tmp_path) -> 
 
     key = "k3y-that-must-not-print"
     client = ApiClient("http://10.0.0.1:8000/v1", "chatglm3-6b-32k", key)
-    (tmp_path / "node.json").write_text(
-        json.dumps(
-            {"api_url": "http://10.0.0.1:8000/v1", "api_key": key, "served_model_name": "chatglm3-6b-32k"}
-            | {"model_dir": "/opt/glmdeploy/current/model", "profile": "gpu-cu121", "dtype": "float16"}
-        )
+    node = NodeConfig.load(
+        node_json.write(tmp_path / "node.json", "gpu-cu121", vllm_server_host="10.0.0.1", vllm_server_api_key=key)
     )
-    node = NodeConfig.load(tmp_path / "node.json")
     assert node.api_key == key and client.api_key == key
     assert key not in repr(client) and key not in repr(node) and key not in str(node)

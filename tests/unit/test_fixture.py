@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from fixture_model import CONFIG, generate  # tests/support/, on sys.path through conftest.py
 
 from glmdeploy import chatglm3
 from glmdeploy.manifest import read_manifest
 from glmdeploy.prompt import PromptBuilder, load_tokenizer
-from glmdeploy_control.fixture import CONFIG, generate
 
 ROOT = Path(__file__).resolve().parents[2]
 #: A venv with the cpu profile's transformers (5.19.0, tokenizers 0.23.3, sentencepiece 0.2.2).

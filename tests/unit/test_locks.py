@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_every_profile_has_a_lock_per_python_with_hashes_on_every_entry():
     for name, spec in lock.load_profiles().items():
-        for python in spec["python"]:
+        for python in spec.python:
             entries = lock.parse_lock(lock.lock_path(name, python))
             assert entries, f"{name} py{python} is empty"
             unhashed = [pkg for pkg, (_, hashes) in entries.items() if not hashes]

@@ -18,7 +18,8 @@ def test_rtx_4090_settings_match_hand_arithmetic():
 
 
 def test_h200_kv_cache_matches_the_anchor_measurement():
-    # vLLM reported 112 GiB of KV cache (~4.2 M tokens) on the H200 at utilisation 0.9 (gpu-anchor.md).
+    # vLLM reported 112 GiB of KV cache (~4.2 M tokens) on the H200 at utilisation 0.9 (the maintainers'
+    # GPU anchor run: docs/reference/gpu-settings.md, "The figures behind the formula").
     s = sizing.for_class("h200")
     assert s.kv_cache_gib == pytest.approx(112, abs=0.5)
     assert s.kv_cache_tokens == pytest.approx(4.2e6, rel=0.01)

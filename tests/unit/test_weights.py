@@ -22,10 +22,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from fixture_model import generate  # tests/support/, on sys.path through conftest.py
 
 from glmdeploy import manifest
 from glmdeploy_control import checkpoint, weights
-from glmdeploy_control.fixture import generate
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

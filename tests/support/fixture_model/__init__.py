@@ -1,5 +1,10 @@
 """Generate the tiny ChatGLM3-architecture fixture model, byte for byte the same every run.
 
+Test support, not part of the kit: nothing a node or the control node ships imports it. Run it
+as `python -m fixture_model DEST` with `tests/support` on `PYTHONPATH` and the reference
+environment's interpreter (`make fixture` does both); `tests/unit/conftest.py` puts
+`tests/support` on `sys.path` for the unit tests.
+
 Why: real weights cannot be fetched on CI or on this kind of dev box, but the
 kit's loading, serving and checking code must run for real. The fixture keeps
 ChatGLM3-6B-32k's config fields, checkpoint parameter names, padded vocabulary
@@ -20,7 +25,7 @@ pass where the real model fails:
   English, Chinese, code, emoji and whitespace runs round-trip exactly (NFKC would
   fold full-width Chinese punctuation). Built as a `ModelProto` directly, no trainer.
 - `tokenization_chatglm.py` and `configuration_chatglm.py`: the kit's own code
-  (`glmdeploy_control/fixture_files/`), written to the real files' contract and named by
+  (`fixture_files/` beside this module), written to the real files' contract and named by
   `auto_map` in tokenizer_config.json and config.json. The tokenizer appends the nine
   specials after the SentencePiece pieces (64789-64797), encodes text as plain
   SentencePiece (typed `<|user|>` stays text), prepends `[gMASK] sop`, builds chat
@@ -76,7 +81,6 @@ import math
 import os
 import shutil
 import struct
-import sys
 import tempfile
 import zipfile
 from collections.abc import Iterator
@@ -501,7 +505,8 @@ def torch_zip(tensors: dict[str, object], archive: str) -> bytes:
     return buf.getvalue()
 
 
-#: The real ChatGLM3-6B-32k sizes (shared/reference), for runs with random weights made by the engine
+#: The real ChatGLM3-6B-32k sizes (its published config.json; docs/reference/gpu-settings.md, "The
+#: figures behind the formula"), for runs with random weights made by the engine
 #: itself (vLLM `--load-format dummy`): the GPU smoke checks and benchmarks of the architecture.
 FULL_SIZE: dict[str, object] = {
     "_name_or_path": "glmdeploy/chatglm3-6b-32k-architecture",
@@ -580,7 +585,7 @@ def generate(dest: Path, full_size: bool = False, shape: str = "later", kv_geome
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m glmdeploy_control.fixture",
+        prog="python -m fixture_model",
         description="Generate the deterministic tiny ChatGLM3-architecture fixture model.",
     )
     parser.add_argument("dest", type=Path, help="directory to write (replaced atomically if present)")
@@ -608,7 +613,3 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--full-size and --kv-geometry are two different sizes: pick one")
     generate(args.dest, full_size=args.full_size, shape=args.shape, kv_geometry=args.kv_geometry)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

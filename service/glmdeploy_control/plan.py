@@ -1,0 +1,89 @@
+"""A node's plan: its profile, Python, lock and wheelhouse, decided once from the registry,
+the inventory's choice and what the node reports (`registry.PROBE`).
+
+Every playbook starts with this plan (plugins/action/glmdeploy_plan.py sets it as the fact
+`glmdeploy_plan`), and the roles read these values from it instead of working them out again:
+before it, the GPU rule was written in four places by two rules, and the lock's name in seven.
+
+A plan never fails on what the node is: a Python without a lock, or a GPU profile on a node
+without a GPU, goes into `problems`, which preflight turns into the deploy's error (so undeploy,
+releases and smoke still run on such a node). An unknown profile name is the inventory's mistake
+and stops the plan itself. Standard library only: the unit tests run it without Ansible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from glmdeploy_control.registry import Registry
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    profile: str
+    #: "inventory" (glmdeploy_profile named it) or "auto" (the GPU rule chose it).
+    profile_source: str
+    #: The node's Python minor version ("3.11"), or "missing".
+    python: str
+    #: The Pythons the profile has locks for.
+    pythons: list[str]
+    #: The node has a PCI device of the kit's GPU vendor.
+    gpu_present: bool
+    #: The profile needs one (it has a [gpu] table): the driver role runs, preflight checks.
+    gpu_required: bool
+    #: The profile's lock for the node's Python ("" when it has none: see problems).
+    lock_name: str
+    lock_file: str
+    #: The wheelhouse directory's name under artifacts/wheelhouse (glmdeploy_wheelhouse_dir).
+    wheelhouse_name: str
+    problems: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def plan(
+    registry: Registry,
+    *,
+    host: str,
+    profile: str,
+    python_path: str,
+    probe: dict[str, str],
+) -> NodePlan:
+    """The plan of one node. `probe` is `registry.parse_probe` of `registry.PROBE` run there."""
+    source = "auto" if profile == AUTO else "inventory"
+    name = registry.auto_profile(probe["pci_vendors"].split()) if profile == AUTO else profile
+    spec = registry.profile(name)
+    python = probe["python"] or "missing"
+    gpu_present = registry.kit.gpu_pci_vendor in probe["pci_vendors"].split()
+    supported = python in spec.python
+    lock_name = registry.lock_name(name, python) if supported else ""
+    constraints = registry.path.parent
+    problems: list[str] = []
+    if not supported:
+        problems.append(
+            f"unsupported Python on {host}: {python_path} is "
+            f"{python if python != 'missing' else 'missing or broken'}; profile {name} has locks for "
+            f"Python {', '.join(spec.python)}. fix: install one of those and point glmdeploy_python at it."
+        )
+    if spec.gpu is not None and not gpu_present:
+        problems.append(
+            f"profile {name} needs an NVIDIA GPU, and {host} has no NVIDIA PCI device (vendor "
+            f"{registry.kit.gpu_pci_vendor} under /sys/bus/pci/devices). fix: deploy to the GPU server you "
+            f"meant, or deploy PROFILE={registry.kit.auto.none} to this host."
+        )
+    return NodePlan(
+        profile=name,
+        profile_source=source,
+        python=python,
+        pythons=list(spec.python),
+        gpu_present=gpu_present,
+        gpu_required=spec.gpu is not None,
+        lock_name=lock_name,
+        lock_file=str(constraints / lock_name) if lock_name else "",
+        wheelhouse_name=registry.wheelhouse_name(name, python),
+        problems=problems,
+    )
