@@ -658,8 +658,12 @@ def rollout(fleet: dict, tmp_path: Path, inventory: str | None = None, **extra: 
 def test_rollout_of_a_good_release_under_load_fails_no_request(fleet, tmp_path):
     on_first_releases(fleet)  # so the rollout's release is new on every host
     before = {host: releases_of(host)["current"] for host in HOSTS}
+    # A setting of the balancer alone: the drains run from the other nodes' plays must keep it.
+    inventory = tmp_path / "inventory.ini"
+    lb_only = "\n[glmdeploy_lb:vars]\nload_balancer_ui_read_timeout=86399s\n"
+    inventory.write_text(Path(fleet["inventory"]).read_text() + lb_only)
     with Load(KEY_FILE.read_text().strip()) as load:
-        proc = rollout(fleet, tmp_path)
+        proc = rollout(fleet, tmp_path, str(inventory))
     FIGURES["good rollout drill: requests sent / failed / rollout (s)"] = [load.sent, load.failed, round(proc.elapsed)]
     assert proc.returncode == 0, proc.stdout[-3000:]
     after = {host: releases_of(host) for host in HOSTS}
@@ -668,6 +672,8 @@ def test_rollout_of_a_good_release_under_load_fails_no_request(fleet, tmp_path):
     assert len({after[h]["current"].rsplit("-", 1)[0] for h in HOSTS}) == 1, "the nodes ended on different releases"
     assert "releases per node" in proc.stdout and all(f"{h} " in proc.stdout for h in HOSTS)
     assert drained_nodes() == [], "a node was left out of the balancer"
+    conf = on_host(LB_HOST, "cat /etc/nginx/conf.d/glmdeploy.conf").stdout
+    assert "proxy_read_timeout 86399s;" in conf, "a drain wrote the role default over the balancer's own setting"
     assert load.failed == 0, f"{load.failed} of {load.sent} user requests failed during the rollout"
     assert load.sent > 20
 
