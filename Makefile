@@ -72,7 +72,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: test-inputs test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e e2e-node e2e-hosts test clean
+.PHONY: image test-inputs test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e e2e-node e2e-hosts test clean
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -149,6 +149,12 @@ $(REHEARSAL_MODEL)/SHA256SUMS: $(REHEARSAL_SOURCE)/pytorch_model.bin.index.json 
 	@$(MAKE) --no-print-directory weights FROM=$(REHEARSAL_SOURCE) REVISION=$(REHEARSAL_REVISION) MODEL_DIR=$(REHEARSAL_MODEL)
 
 rehearsal-model: $(REHEARSAL_MODEL)/SHA256SUMS ## The gpu-cu121 rehearsal's model, staged by make weights from rehearsal-source (docs/rehearsal.md)
+
+# The same pinned stack as a container image (images/README.md): podman, offline, reproducible
+# (the same inputs give the same image ID), kept by its inputs' digest in /var/cache/glmdeploy/images.
+image: wheelhouse ## Build PROFILE's container image offline and reproducibly (podman; no weights inside)
+	$(TOOLS)/bin/python -m glmdeploy_control.image build --profile $(PROFILE) --python $(NODE_PY) \
+	  --wheelhouse $(WHEELHOUSE) --json $(REPORTS)/image-$(PROFILE).json
 
 # The cpu profile serves the fixture; gpu-cu121 serves pre-staged real weights (see README).
 model: $(if $(filter fixture,$(shell $(REGISTRY) get profiles.$(PROFILE).model_source)),fixture) ## The model PROFILE serves on the control node (cpu: the fixture; gpu-cu121: make weights)
@@ -259,7 +265,7 @@ drills: tools ## Fault drills: the fleet tests and drills on 3 test hosts, then 
 	@mkdir -p bench/drills
 	set -o pipefail; export GLMDEPLOY_E2E_PART=drills; \
 	  { GLMDEPLOY_FLEET_HOSTS=3 REPORTS=reports/hosts $(E2E_PYTEST) tests/e2e/test_fleet.py $(PYTEST_ARGS) && \
-	  { $(E2E_PYTEST) -m drill $(E2E_NODE_TESTS) $(PYTEST_ARGS) || [ $$? = 5 ]; }; } \
+	  { $(E2E_PYTEST) -m drill $(E2E_NODE_TESTS) tests/e2e/test_image.py $(PYTEST_ARGS) || [ $$? = 5 ]; }; } \
 	  2>&1 | tee bench/drills/last-run.txt
 
 # What the tests need from the distribution: a headless browser (UI test), libnuma (CPU vLLM),

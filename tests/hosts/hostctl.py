@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from glmdeploy_control import apt_sources
+
 ROOT = Path(__file__).resolve().parents[2]
 STATE = Path(os.environ.get("GLMDEPLOY_HOSTS_STATE", "/var/lib/glmdeploy-hosts"))
 CACHE = Path(os.environ.get("GLMDEPLOY_HOSTS_CACHE", "/var/cache/glmdeploy-hosts"))
@@ -69,32 +71,11 @@ def log(msg: str) -> None:
 
 
 # ---------------------------------------------------------------- mirrors
-def apt_mirrors() -> list[tuple[str, str]]:
-    """(URI, suite) pairs for Debian from the controller's own apt sources; never a name written here."""
-    found: list[tuple[str, str]] = []
-    files = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
-    for path in files:
-        if not path.is_file() or not path.name.endswith((".list", ".sources")):
-            continue
-        text = path.read_text(errors="replace")
-        for line in text.splitlines():  # one-line format
-            m = re.match(r"^\s*deb\s+(?:\[[^\]]*\]\s+)?(\S+)\s+(\S+)", line)
-            if m:
-                found.append((m.group(1), m.group(2)))
-        for stanza in re.split(r"\n\s*\n", text):  # deb822 format
-            fields = dict(re.findall(r"^(\w[\w-]*):\s*(.*)$", stanza, re.M))
-            if "deb" in fields.get("Types", "").split() and fields.get("Enabled", "yes") != "no":
-                for uri in fields.get("URIs", "").split():
-                    for suite in fields.get("Suites", "").split():
-                        found.append((uri, suite))
-    return found
-
-
 def debian_mirror() -> str:
-    for uri, suite in apt_mirrors():
-        if suite == "bookworm":
-            return uri
-    raise HostError("no bookworm mirror in this machine's apt sources: add one, then retry")
+    try:
+        return apt_sources.debian_mirror("bookworm")
+    except apt_sources.NoMirror as exc:
+        raise HostError(str(exc)) from exc
 
 
 # ---------------------------------------------------------------- golden rootfs
@@ -146,7 +127,7 @@ def finish_golden(rootfs: Path) -> None:
     (rootfs / "etc/machine-id").write_text("")
     # The controller's Debian suites (release, updates, security), as a real server has them;
     # roles add components (the driver's non-free) to these same suites.
-    suites = sorted({(uri, suite) for uri, suite in apt_mirrors() if suite.split("-")[0] == "bookworm"})
+    suites = sorted({(uri, suite) for uri, suite in apt_sources.apt_mirrors() if suite.split("-")[0] == "bookworm"})
     (rootfs / "etc/apt/sources.list").write_text("".join(f"deb {uri} {suite} main\n" for uri, suite in suites))
     (rootfs / "etc/apt/apt.conf.d/01glmdeploy-proxy").write_text(
         f'Acquire::http::Proxy "http://{CONTROLLER}:{APT_PORT}";\n'
@@ -175,7 +156,8 @@ def start_server(name: str, argv: list[str]) -> None:
 
 
 def start_servers() -> None:
-    hosts = sorted({h for h in (re.sub(r"^\w+://([^/:]+).*$", r"\1", uri) for uri, _ in apt_mirrors()) if h})
+    uris = [uri for uri, _ in apt_sources.apt_mirrors()]
+    hosts = sorted({h for h in (re.sub(r"^\w+://([^/:]+).*$", r"\1", uri) for uri in uris) if h})
     start_server(
         "aptproxy",
         [
