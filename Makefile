@@ -7,15 +7,24 @@ VENVS     := .venv
 TOOLS     := $(VENVS)/tools
 REFENV    := $(VENVS)/tokenizer-ref
 ARTIFACTS := artifacts
+# The Python minor version `make wheelhouse` fetches for (a node's own version decides at deploy).
+NODE_PY   ?= 3.11
+# The control node's Python (checked below), which the tool and reference environments use.
+CONTROL_PY := 3.11
 # The profile registry (constraints/profiles.toml), read through its one loader: profile names,
-# models, file names and the GPU rule come from there, never from this file.
+# models, file names and the GPU rule come from there, never from this file. One call per make
+# gives every value as REG_* variables (`python -m glmdeploy_control.registry make-vars`).
+comma := ,
 REGISTRY  = PYTHONPATH=$(CURDIR)/service $(PYTHON) -m glmdeploy_control.registry
+$(foreach word,$(shell $(REGISTRY) make-vars --python $(NODE_PY) --control-python $(CONTROL_PY) \
+  $(if $(filter undefined,$(origin PROFILE)),--detect)),$(eval $(word)))
+REG_PROFILE_LIST := $(subst $(comma), ,$(REG_PROFILES))
 # Each node's profile is its own (inventory `glmdeploy_profile`, else the node's hardware by the
 # registry's GPU rule: playbooks/tasks/profile.yml). PROFILE=... on the command line forces one
 # for every node of the run; the targets that work on the control node alone (wheelhouse,
 # model, tokenizer-lock) default to what the same rule gives for this machine.
 ifeq ($(origin PROFILE),undefined)
-PROFILE   := $(shell $(REGISTRY) detect)
+PROFILE   := $(REG_DETECTED)
 endif
 FORCE_PROFILE := $(if $(filter command line environment,$(origin PROFILE)),-e glmdeploy_profile=$(PROFILE))
 # Wheels kept on this machine across checkouts and CI runs (checked by hash on every use).
@@ -25,12 +34,9 @@ export GLMDEPLOY_WHEEL_CACHE := $(WHEEL_CACHE)
 # deploy unpacks the pack an earlier deploy of the same lock built instead of running pip.
 PACK_CACHE ?= /var/cache/glmdeploy/packs
 export GLMDEPLOY_PACK_CACHE := $(PACK_CACHE)
-# The control node's Python (checked below) and the locks of its tool and reference environments.
-CONTROL_PY := 3.11
-TOOLS_LOCK := constraints/$(shell $(REGISTRY) lock-name tools $(CONTROL_PY))
-REFENV_LOCK := constraints/$(shell $(REGISTRY) lock-name tokenizer-ref $(CONTROL_PY))
-# The Python minor version `make wheelhouse` fetches for (a node's own version decides at deploy).
-NODE_PY   ?= 3.11
+# The locks of the control node's tool and reference environments.
+TOOLS_LOCK := constraints/$(REG_TOOLS_LOCK)
+REFENV_LOCK := constraints/$(REG_REFENV_LOCK)
 # Where deploy, verify, smoke and releases write the control node's reports (smoke/, releases/,
 # verify.*): one directory per run that goes on at the same time from this checkout (make test
 # runs this machine's deploys and the test hosts' side by side, each with its own).
@@ -38,12 +44,12 @@ REPORTS   ?= reports
 export GLMDEPLOY_REPORTS := $(abspath $(REPORTS))
 INVENTORY ?= playbooks/localhost.ini
 ANSIBLE_ARGS ?=
-WHEELHOUSE = $(ARTIFACTS)/wheelhouse/$(shell $(REGISTRY) wheelhouse-name $(PROFILE) $(NODE_PY))
+WHEELHOUSE = $(ARTIFACTS)/wheelhouse/$(REG_WHEELHOUSE.$(PROFILE))
 N         ?= 3
 HOSTCTL   := $(TOOLS)/bin/python tests/hosts/hostctl.py
 # The kit's generated model (`make fixture`) and the model PROFILE serves, as the registry names them.
-FIXTURE   := $(ARTIFACTS)/models/$(shell $(REGISTRY) fixture-model)
-MODEL_DIR ?= $(ARTIFACTS)/models/$(shell $(REGISTRY) get profiles.$(PROFILE).model)
+FIXTURE   := $(ARTIFACTS)/models/$(REG_FIXTURE_MODEL)
+MODEL_DIR ?= $(ARTIFACTS)/models/$(REG_MODEL.$(PROFILE))
 # make verify: the model directories the nodes were deployed from (each node's manifest is held to
 # MODELS/<model name>/SHA256SUMS); set it when a deploy used model_source_dir elsewhere.
 MODELS    ?= $(ARTIFACTS)/models
@@ -51,7 +57,7 @@ PYTEST_ARGS ?=
 # make bench: the endpoint (default: this machine's deployed node) and extra bench arguments.
 NODE_CONFIG ?= /etc/glmdeploy/node.json
 URL       ?=
-MODEL     ?= $(shell $(REGISTRY) get kit.served_model_name)
+MODEL     ?= $(REG_SERVED_MODEL)
 # make rollout: nodes per batch, and the share of a batch that may fail before it stops (percent).
 ROLLOUT_SERIAL   ?= 1
 ROLLOUT_MAX_FAIL ?= 0
@@ -76,7 +82,7 @@ export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
-	@echo "  variables: INVENTORY=$(INVENTORY)  ANSIBLE_ARGS=...  PROFILE=$(shell $(REGISTRY) profiles | tr ' ' '|') (forces one profile on every node;"
+	@echo "  variables: INVENTORY=$(INVENTORY)  ANSIBLE_ARGS=...  PROFILE=$(subst $(comma),|,$(REG_PROFILES)) (forces one profile on every node;"
 	@echo "             unset, each node's inventory setting or hardware decides)  WHEEL_CACHE=$(WHEEL_CACHE)"
 	@echo "             PACK_CACHE=$(PACK_CACHE) (environment packs kept across checkouts; empty: off)"
 	@echo "             LOCK_WAIT=$(LOCK_WAIT) (seconds a deploy, rollout, rollback or undeploy waits for another run on the same inventory)"
@@ -157,9 +163,9 @@ image: wheelhouse ## Build PROFILE's container image offline and reproducibly (p
 	  --wheelhouse $(WHEELHOUSE) --json $(REPORTS)/image-$(PROFILE).json
 
 # The cpu profile serves the fixture; gpu-cu121 serves pre-staged real weights (see README).
-model: $(if $(filter fixture,$(shell $(REGISTRY) get profiles.$(PROFILE).model_source)),fixture) ## The model PROFILE serves on the control node (cpu: the fixture; gpu-cu121: make weights)
+model: $(if $(filter fixture,$(REG_MODEL_SOURCE.$(PROFILE))),fixture) ## The model PROFILE serves on the control node (cpu: the fixture; gpu-cu121: make weights)
 
-weights: PROFILE = $(shell $(REGISTRY) get kit.auto.gpu)
+weights: PROFILE = $(REG_GPU_PROFILE)
 weights: $(REFENV_READY) ## Stage a model revision once: REVISION=<40-hex commit>; from the hub (HF_ENDPOINT=<a hub mirror>), MIRROR=url or FROM=dir
 	@test -n "$(REVISION)" || { echo "error: REVISION=<commit> is required (the model repo's 40-hex commit; a branch name moves)"; exit 2; }
 	$(REFENV)/bin/python -m glmdeploy_control.weights --revision "$(REVISION)" --dest $(MODEL_DIR) --work $(ARTIFACTS)/staging \
@@ -288,9 +294,9 @@ hosts-prefetch: tools test-packages ## Build the test hosts' Debian rootfs in th
 # rehearsal host, 3.3 GB) download in the background while lint, lock check and unit tests run;
 # a deploy that needs one meanwhile waits for its download (constraints/lock.py holds a lock).
 wheels-prefetch: tools ## Download every profile's wheelhouse for NODE_PY in the background (make test starts it)
-	@echo "==> downloading the wheelhouses of $$($(REGISTRY) profiles) in the background (reports/wheels-prefetch.log)"
-	@mkdir -p reports; nohup sh -c 'for p in $$($(REGISTRY) profiles); do $(TOOLS)/bin/python constraints/lock.py wheelhouse \
-	  --profile $$p --python $(NODE_PY) --dest $(ARTIFACTS)/wheelhouse/$$($(REGISTRY) wheelhouse-name $$p $(NODE_PY)) --cache "$(WHEEL_CACHE)"; done' \
+	@echo "==> downloading the wheelhouses of $(REG_PROFILE_LIST) in the background (reports/wheels-prefetch.log)"
+	@mkdir -p reports; nohup sh -c '$(foreach p,$(REG_PROFILE_LIST),$(TOOLS)/bin/python constraints/lock.py wheelhouse \
+	  --profile $(p) --python $(NODE_PY) --dest $(ARTIFACTS)/wheelhouse/$(REG_WHEELHOUSE.$(p)) --cache "$(WHEEL_CACHE)";)' \
 	  > reports/wheels-prefetch.log 2>&1 &
 
 # make test runs its phases, each timed (tests/ci/phases.py): the table at the end says where the

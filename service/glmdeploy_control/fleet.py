@@ -10,6 +10,7 @@ whether the fleet is identical and right.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import importlib.util
 import json
@@ -44,7 +45,9 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.exists() else "missing"
 
 
+@functools.cache
 def _lock_module(root: Path) -> Any:
+    """The checkout's own constraints/lock.py (the fleet may be checked against another checkout), loaded once."""
     spec = importlib.util.spec_from_file_location("kit_lock", root / "constraints" / "lock.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
@@ -53,8 +56,8 @@ def _lock_module(root: Path) -> Any:
 
 
 def _minor(fp: dict[str, Any]) -> str:
-    """The node's Python as its lock is chosen: "3.11.2" -> "3.11"."""
-    return ".".join(str(fp["python"]).split(".")[:2])
+    """The node's Python as its lock is chosen: "3.11.2" and "3.11.9" share "3.11"."""
+    return ".".join(str(fp.get("python")).split(".")[:2])
 
 
 def expected_for(fp: dict[str, Any], root: Path, model_root: Path) -> dict[str, str]:
@@ -109,8 +112,7 @@ def build(reports: Path, root: Path, model_root: Path) -> dict[str, Any]:
     # gpu-cu121 nodes) differs between the groups by design, and each group against its lock.
     groups: dict[tuple[str, str], list[str]] = {}
     for host, fp in hosts.items():
-        minor = ".".join(str(fp.get("python")).split(".")[:2])  # 3.11.2 and 3.11.9 share a lock
-        groups.setdefault((str(fp.get("profile")), minor), []).append(host)
+        groups.setdefault((str(fp.get("profile")), _minor(fp)), []).append(host)
     for (profile, _), members in groups.items():
         for field in FIELDS:
             values = Counter(str(hosts[h].get(field)) for h in members)

@@ -55,10 +55,11 @@ def plan(
 ) -> NodePlan:
     """The plan of one node. `probe` is `registry.parse_probe` of `registry.PROBE` run there."""
     source = "auto" if profile == AUTO else "inventory"
-    name = registry.auto_profile(probe["pci_vendors"].split()) if profile == AUTO else profile
+    vendors = probe["pci_vendors"].split()
+    name = registry.auto_profile(vendors) if profile == AUTO else profile
     spec = registry.profile(name)
     python = probe["python"] or "missing"
-    gpu_present = registry.kit.gpu_pci_vendor in probe["pci_vendors"].split()
+    gpu_present = registry.has_gpu(vendors)
     supported = python in spec.python
     lock_name = registry.lock_name(name, python) if supported else ""
     constraints = registry.path.parent

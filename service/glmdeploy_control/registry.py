@@ -129,6 +129,10 @@ class Registry:
         """Every requirement set `make lock` resolves: the node profiles, then the others."""
         return {**self.profiles, **self.locks}
 
+    def fixture_model(self) -> str:
+        """The model the kit generates (`make fixture`): the one a profile has as `model_source = "fixture"`."""
+        return next(p.model for p in self.profiles.values() if p.model_source == "fixture")
+
     def lock_name(self, name: str, python: str) -> str:
         return self.kit.lock_file.format(profile=name, xy=python.replace(".", ""))
 
@@ -141,9 +145,12 @@ class Registry:
     def log_name(self, service: str) -> str:
         return self.kit.log.format(service=service)
 
+    def has_gpu(self, pci_vendors: list[str]) -> bool:
+        """The GPU rule: a PCI device of the kit's GPU vendor makes the node a GPU node."""
+        return self.kit.gpu_pci_vendor in pci_vendors
+
     def auto_profile(self, pci_vendors: list[str]) -> str:
-        """The GPU rule: a device of the kit's GPU vendor makes the node a GPU node."""
-        return self.kit.auto.gpu if self.kit.gpu_pci_vendor in pci_vendors else self.kit.auto.none
+        return self.kit.auto.gpu if self.has_gpu(pci_vendors) else self.kit.auto.none
 
     def to_dict(self) -> dict[str, Any]:
         """The registry as plain data, for Ansible and JSON."""
@@ -242,6 +249,11 @@ def probe_here(python: str = sys.executable) -> dict[str, str]:
     return parse_probe(out)
 
 
+def detect_here(registry: Registry) -> str:
+    """This machine's profile by the nodes' GPU rule (the Makefile's default PROFILE)."""
+    return registry.auto_profile(probe_here()["pci_vendors"].split())
+
+
 def parse_probe(output: str) -> dict[str, str]:
     facts = dict(line.split("=", 1) for line in output.splitlines() if "=" in line)
     return {"python": facts.get("python", "missing").strip(), "pci_vendors": facts.get("pci_vendors", "").strip()}
@@ -265,6 +277,29 @@ def _text(value: Any) -> str:
     return json.dumps(value) if isinstance(value, dict) else str(value)
 
 
+def make_vars(registry: Registry, python: str, control_python: str, detect: bool) -> list[str]:
+    """What the Makefile reads, in one process: each `make` parses the Makefile, and a registry call
+    costs a Python start (about a quarter of a second here), so one call gives every value as a
+    `NAME=value` word (values have no spaces; per-profile values are named `NAME.<profile>`)."""
+    words = [
+        f"REG_PROFILES={','.join(registry.profiles)}",
+        f"REG_GPU_PROFILE={registry.kit.auto.gpu}",
+        f"REG_SERVED_MODEL={registry.kit.served_model_name}",
+        f"REG_FIXTURE_MODEL={registry.fixture_model()}",
+        f"REG_TOOLS_LOCK={registry.lock_name('tools', control_python)}",
+        f"REG_REFENV_LOCK={registry.lock_name('tokenizer-ref', control_python)}",
+    ]
+    for name, profile in registry.profiles.items():
+        words += [
+            f"REG_MODEL.{name}={profile.model}",
+            f"REG_MODEL_SOURCE.{name}={profile.model_source}",
+            f"REG_WHEELHOUSE.{name}={registry.wheelhouse_name(name, python)}",
+        ]
+    if detect:
+        words.append(f"REG_DETECTED={detect_here(registry)}")
+    return words
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m glmdeploy_control.registry",
@@ -274,34 +309,28 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("get", help="print a value by dotted key (lists space-separated, tables as JSON)")
     p.add_argument("key", help="e.g. profiles.cpu.model, kit.served_model_name")
-    sub.add_parser("profiles", help="print the node profiles' names")
+    p = sub.add_parser("make-vars", help="print the Makefile's values as NAME=value words (one call per make)")
+    p.add_argument("--python", required=True, help="the wheelhouses' Python minor version (NODE_PY)")
+    p.add_argument("--control-python", required=True, help="the tool environments' Python minor version")
+    p.add_argument("--detect", action="store_true", help="also REG_DETECTED: this machine's profile by the GPU rule")
     sub.add_parser("detect", help="print this machine's profile by the nodes' GPU rule")
-    sub.add_parser("fixture-model", help="print the model the kit generates (a profile with model_source = fixture)")
     p = sub.add_parser("lock-name", help="print a lock file's name (a profile's or another lock set's)")
     p.add_argument("profile")
     p.add_argument("python", help='minor version, e.g. "3.11"')
-    p = sub.add_parser("wheelhouse-name", help="print a wheelhouse directory's name")
-    p.add_argument("profile")
-    p.add_argument("python")
     args = parser.parse_args(argv)
     try:
         registry = load(args.registry)
         if args.command == "get":
             value = _get(registry, args.key)
             print(_text(value))
-        elif args.command == "profiles":
-            print(" ".join(registry.profiles))
+        elif args.command == "make-vars":
+            print(" ".join(make_vars(registry, args.python, args.control_python, args.detect)))
         elif args.command == "detect":
-            print(registry.auto_profile(probe_here()["pci_vendors"].split()))
-        elif args.command == "fixture-model":
-            print(next(p.model for p in registry.profiles.values() if p.model_source == "fixture"))
-        elif args.command == "lock-name":
+            print(detect_here(registry))
+        else:  # lock-name
             if args.profile not in registry.lock_sets():
                 registry.profile(args.profile)  # the error names the profiles
             print(registry.lock_name(args.profile, args.python))
-        else:
-            registry.profile(args.profile)
-            print(registry.wheelhouse_name(args.profile, args.python))
     except (RegistryError, OSError) as exc:
         print(f"ERROR: {exc}", file=sys.stderr)
         return 2

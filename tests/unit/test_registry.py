@@ -138,9 +138,11 @@ def test_makefile_cli_reads_the_same_registry():
             env={"PYTHONPATH": str(ROOT / "service")},
         ).stdout.strip()
 
-    assert cli("profiles") == "cpu gpu-cu121"
-    assert cli("fixture-model") == "chatglm3-fixture"
-    assert cli("wheelhouse-name", "gpu-cu121", "3.10") == "gpu-cu121-py310"
+    words = cli("make-vars", "--python", "3.10", "--control-python", "3.11").split()
+    assert "REG_PROFILES=cpu,gpu-cu121" in words
+    assert "REG_FIXTURE_MODEL=chatglm3-fixture" in words
+    assert "REG_WHEELHOUSE.gpu-cu121=gpu-cu121-py310" in words
+    assert "REG_TOOLS_LOCK=tools-py311.txt" in words
     assert cli("get", "profiles.cpu.gpu") == ""
     bad = subprocess.run(
         [sys.executable, "-m", "glmdeploy_control.registry", "lock-name", "rocm", "3.11"],
