@@ -5,7 +5,7 @@ Why: a fact set with ``ansible.builtin.set_fact`` in one role (or playbook file)
 another is a contract between the two, just like a role's settings. Undeclared, it is invisible:
 the reader's argument spec does not check it, the README does not mention it, and a rename on one
 side leaves the other reading an undefined (or ``default()``-ed) variable without any error.
-Issue 26 found ``release_switched``, ``release_resumed`` and ``release_revert_error`` used across
+A review found ``release_switched``, ``release_resumed`` and ``release_revert_error`` used across
 files and declared nowhere.
 
 The rule, kept simple so that it is predictable:
