@@ -78,7 +78,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: image test-inputs test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e e2e-node e2e-hosts test clean
+.PHONY: image image-smoke e2e-image test-inputs test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e e2e-node e2e-hosts test clean
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -162,6 +162,19 @@ image: wheelhouse ## Build PROFILE's container image offline and reproducibly (p
 	$(TOOLS)/bin/python -m glmdeploy_control.image build --profile $(PROFILE) --python $(NODE_PY) \
 	  --wheelhouse $(WHEELHOUSE) --json $(REPORTS)/image-$(PROFILE).json
 
+# The image run as a node runs it (playbooks/image_smoke.yml renders the container runtime's
+# launcher and bin/run with the roles), PROFILE's model mounted read-only, the smoke suite inside.
+# IMAGE_SMOKE_THROUGHPUT=0 leaves the throughput check out (make test: the deploys share the CPUs).
+IMAGE_SMOKE_PORT ?= 18000
+IMAGE_SMOKE_THROUGHPUT ?= 1
+image-smoke: image model ## Start PROFILE's image as a node would (model mounted read-only) and pass the smoke suite in it
+	$(TOOLS)/bin/python -m glmdeploy_control.image smoke --profile $(PROFILE) --image $(REPORTS)/image-$(PROFILE).json \
+	  --model $(MODEL_DIR) --port $(IMAGE_SMOKE_PORT) --reports $(REPORTS) --json $(REPORTS)/image-smoke-$(PROFILE).json \
+	  $(if $(filter 0,$(IMAGE_SMOKE_THROUGHPUT)),--no-throughput)
+
+e2e-image: ## make test's image check: make image, then make image-smoke without the throughput check (it runs beside the deploys)
+	@$(MAKE) --no-print-directory image-smoke IMAGE_SMOKE_THROUGHPUT=0
+
 # The cpu profile serves the fixture; gpu-cu121 serves pre-staged real weights (see README).
 model: $(if $(filter fixture,$(REG_MODEL_SOURCE.$(PROFILE))),fixture) ## The model PROFILE serves on the control node (cpu: the fixture; gpu-cu121: make weights)
 
@@ -235,7 +248,7 @@ verify: tools ## Smoke suite + fingerprint on every node of INVENTORY, then one 
 lint: tools ## ansible-lint (production profile), yamllint, ruff, mypy --strict on service/, playbook syntax check, role README tables up to date
 	yamllint -s .
 	ansible-lint --profile production --strict playbooks roles tests/scenarios
-	ansible-playbook -i playbooks/localhost.ini --syntax-check playbooks/site.yml playbooks/undeploy.yml playbooks/smoke.yml playbooks/driver.yml playbooks/baseline.yml playbooks/lb.yml playbooks/rollout.yml playbooks/rollback.yml playbooks/releases.yml
+	ansible-playbook -i playbooks/localhost.ini --syntax-check playbooks/site.yml playbooks/undeploy.yml playbooks/smoke.yml playbooks/driver.yml playbooks/baseline.yml playbooks/lb.yml playbooks/rollout.yml playbooks/rollback.yml playbooks/releases.yml playbooks/image_smoke.yml
 	ruff check service smoke_tests tests constraints roles plugins library module_utils
 	$(TOOLS)/bin/mypy --config-file service/pyproject.toml service/glmdeploy service/glmdeploy_control module_utils tests/support/fixture_model
 	$(TOOLS)/bin/python tests/lint/role_docs.py --check
@@ -276,7 +289,7 @@ drills: tools ## Fault drills: the fleet tests and drills on 3 test hosts, then 
 
 # What the tests need from the distribution: a headless browser (UI test), libnuma (CPU vLLM),
 # zstd (release packs), debootstrap + systemd-nspawn + iproute2 + ssh (test hosts).
-TEST_PACKAGES := chromium libnuma1 python3-venv zstd debootstrap systemd-container iproute2 openssh-client
+TEST_PACKAGES := chromium libnuma1 python3-venv zstd debootstrap systemd-container iproute2 openssh-client podman runc
 
 test-packages: ## Install the distribution packages the tests need (root; nothing happens when all are there)
 	@if dpkg -s $(TEST_PACKAGES) >/dev/null 2>&1; then echo "==> test packages present"; \
@@ -306,7 +319,7 @@ wheels-prefetch: tools ## Download every profile's wheelhouse for NODE_PY in the
 # tests; lint, the lock check and the unit tests. The last two chains' output is kept in
 # reports/checks/ and printed once all have ended.
 TEST_FIRST  := tools test-packages hosts-prefetch wheels-prefetch test-inputs
-TEST_BESIDE := lint lock-check unit
+TEST_BESIDE := lint lock-check unit e2e-image
 TEST_HOSTS  := e2e-hosts
 TEST_MAIN   := e2e-node
 PHASES := $(PYTHON) tests/ci/phases.py

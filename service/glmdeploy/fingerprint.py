@@ -25,8 +25,10 @@ UNIT_GLOBS = ("/etc/systemd/system/glmdeploy-*.service", "/etc/glmdeploy/supervi
 
 
 def _os_release() -> str:
-    path = Path("/etc/os-release")
-    if not path.exists():
+    """The host's OS: in a container the host's os-release is mounted where containers look for
+    it (/run/host/os-release), /etc/os-release being the image's."""
+    path = next((p for p in (Path("/run/host/os-release"), Path("/etc/os-release")) if p.exists()), None)
+    if path is None:
         return "unknown"
     fields = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
     return fields.get("PRETTY_NAME", "unknown").strip('"')
@@ -102,8 +104,18 @@ def _release_name(release: Path) -> str:
 
 def _environment(release: Path) -> Path:
     """The lock's environment: the release's `env` link (its `venv` is the kit's wheel over it),
-    or `venv` itself in a release made before the kit was a wheel."""
-    return release / "env" if (release / "env").is_symlink() else release / "venv"
+    `venv` itself in a release made before the kit was a wheel, or, in the container runtime (a
+    release without either), the running environment: the image keeps its lock beside it."""
+    for name in ("env", "venv"):
+        if (release / name).is_symlink():
+            return release / name
+    return Path(sys.prefix)
+
+
+def _image() -> str:
+    """The image a container runtime's release runs (its ID, which the launcher passes in); none
+    for a release in a virtual environment of the host's own Python."""
+    return os.environ.get("GLMDEPLOY_IMAGE", "") or "none"
 
 
 def collect(node: NodeConfig, release: Path, golden_dir: Path) -> dict[str, object]:
@@ -120,6 +132,7 @@ def collect(node: NodeConfig, release: Path, golden_dir: Path) -> dict[str, obje
         "release": _release_name(release),
         # The environment's directory holds the lock it was installed from.
         "lock": _file_digest(_environment(release).resolve().parent / "requirements.lock"),
+        "image": _image(),
         "packages": _digest("\n".join(f"{k}=={v}" for k, v in sorted(packages.items()))),
         "model": node.model_name,
         "model_manifest": _file_digest(model / "SHA256SUMS"),

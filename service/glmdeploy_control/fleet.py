@@ -31,6 +31,7 @@ FIELDS = (
     "profile",
     "release",
     "lock",
+    "image",
     "packages",
     "model_manifest",
     "model_files",
@@ -58,6 +59,11 @@ def _lock_module(root: Path) -> Any:
 def _minor(fp: dict[str, Any]) -> str:
     """The node's Python as its lock is chosen: "3.11.2" and "3.11.9" share "3.11"."""
     return ".".join(str(fp.get("python")).split(".")[:2])
+
+
+def _runtime(fp: dict[str, Any]) -> str:
+    """container when the node runs its release from an image (the fingerprint names it), else venv."""
+    return "venv" if str(fp.get("image", "none")) == "none" else "container"
 
 
 def expected_for(fp: dict[str, Any], root: Path, model_root: Path) -> dict[str, str]:
@@ -108,12 +114,13 @@ def build(reports: Path, root: Path, model_root: Path) -> dict[str, Any]:
         hosts[host_dir.name] = fp
     problems: list[str] = []
     marks: dict[str, dict[str, str]] = {h: {} for h in hosts}
-    # Nodes are held to each other within a profile and Python: a mixed fleet (cpu and
-    # gpu-cu121 nodes) differs between the groups by design, and each group against its lock.
-    groups: dict[tuple[str, str], list[str]] = {}
+    # Nodes are held to each other within a profile, Python and runtime: a mixed fleet (cpu and
+    # gpu-cu121 nodes; a host running the image beside hosts running a venv) differs between the
+    # groups by design, and each group against its lock.
+    groups: dict[tuple[str, str, str], list[str]] = {}
     for host, fp in hosts.items():
-        groups.setdefault((str(fp.get("profile")), _minor(fp)), []).append(host)
-    for (profile, _), members in groups.items():
+        groups.setdefault((str(fp.get("profile")), _minor(fp), _runtime(fp)), []).append(host)
+    for (profile, _, _), members in groups.items():
         for field in FIELDS:
             values = Counter(str(hosts[h].get(field)) for h in members)
             majority = values.most_common(1)[0][0] if values else ""

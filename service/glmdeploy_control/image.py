@@ -252,9 +252,184 @@ def build(profile: str, python: str, wheelhouse: Path, force: bool = False) -> d
     return {"name": name, "id": built, **labels}
 
 
+# ---------------------------------------------------------------- smoke
+#: The user the image's programs run as here: the control node has no service user, and the
+#: launcher runs its container as a host user's ids, as on a node.
+SMOKE_USER = "nobody"
+
+
+def smoke(
+    name: str, profile: str, model: Path, port: int, timeout_s: int, reports: Path, throughput: bool = True
+) -> dict[str, object]:
+    """Run the image as a node would and prove it: a container-runtime release rendered by the
+    roles (playbooks/image_smoke.yml), its launcher started, the kit's readiness check (a real
+    generation) and the smoke suite the image carries run through the release's bin/run, and the
+    node's fingerprint checked to name the image."""
+    model = model.resolve()
+    found = image_id(name)
+    if not found:
+        raise ImageError(f"no image {name} in {CACHE / 'store'}: run `make image PROFILE={profile}` first")
+    if not (model / "config.json").is_file():
+        raise ImageError(f"no model at {model}: run `make model PROFILE={profile}` first")
+    reports.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(dir=CACHE, prefix=".smoke-") as tmp:
+        layout = _smoke_layout(Path(tmp))
+        _render_release(layout, found, profile, model, port)
+        server_env = json.loads((layout["release"].parent / "server-env.json").read_text())
+        env = {**os.environ, **_podman_env(), **server_env}
+        log_file = layout["log"] / "vllm_server.log"
+        log(f"starting {name} ({found[:12]}) as a node's launcher would, on port {port}")
+        with log_file.open("wb") as out:
+            server = subprocess.Popen([str(layout["release"] / "bin/vllm_server")], env=env, stdout=out, stderr=out)
+        try:
+            _wait_ready(layout, server, timeout_s, log_file)
+            result = _run_suite(layout, throughput)
+            fingerprint = json.loads((layout["reports"] / "fingerprint.json").read_text())
+        finally:
+            _stop(server)
+            shutil.copy2(log_file, reports / f"image-smoke-{profile}-vllm_server.log")
+        for file in ("smoke.xml", "smoke.json", "fingerprint.json"):
+            shutil.copy2(layout["reports"] / file, reports / f"image-smoke-{profile}-{file}")
+    if fingerprint.get("image") != found:
+        raise ImageError(f"the fingerprint names image {fingerprint.get('image')!r}, not {found}")
+    if result["rc"] != 0:
+        raise ImageError(f"the smoke suite failed in {name}:\n{result['tail']}")
+    return {"image": name, "id": found, "smoke": result["summary"], "seconds": round(time.monotonic() - start)}
+
+
+def _smoke_layout(tmp: Path) -> dict[str, Path]:
+    """A node's directories in miniature; the container's user writes state and reports."""
+    layout = {key: tmp / key for key in ("release", "etc", "log", "state", "reports")}
+    for path in layout.values():
+        path.mkdir(mode=0o755)
+    (layout["state"] / "tmp").mkdir()
+    for path in (layout["state"], layout["state"] / "tmp", layout["reports"]):
+        shutil.chown(path, SMOKE_USER, SMOKE_USER if _has_group(SMOKE_USER) else "nogroup")
+    tmp.chmod(0o755)
+    return layout
+
+
+def _has_group(group: str) -> bool:
+    import grp
+
+    try:
+        grp.getgrnam(group)
+    except KeyError:
+        return False
+    return True
+
+
+def _podman_env() -> dict[str, str]:
+    return {"CONTAINERS_CONF": str(IMAGES / "containers.conf"), "TMPDIR": str(CACHE / "store" / "tmp")}
+
+
+def _render_release(layout: dict[str, Path], found: str, profile: str, model: Path, port: int) -> None:
+    """The roles render the release (the same templates as a deploy), with this layout's paths."""
+    extra = {
+        "ansible_python_interpreter": sys.executable,
+        "glmdeploy_profile": profile,
+        "glmdeploy_image": found,
+        "glmdeploy_podman": podman_command(CACHE),
+        "glmdeploy_user": SMOKE_USER,
+        "glmdeploy_etc_dir": str(layout["etc"]),
+        "glmdeploy_log_dir": str(layout["log"]),
+        "glmdeploy_state_dir": str(layout["state"]),
+        "image_smoke_release": str(layout["release"]),
+        "model_dir": str(model),
+        "model_source_dir": str(model),
+        "vllm_server_port": port,
+        "vllm_server_log_file": str(layout["log"] / "vllm_server.log"),
+        "python_env_run_volumes": [
+            f"{layout['log']}:{layout['log']}:ro",
+            f"{layout['state']}:{layout['state']}",
+            f"{layout['reports']}:{layout['reports']}",
+        ],
+    }
+    playbook = Path(sys.executable).with_name("ansible-playbook")
+    proc = subprocess.run(
+        [str(playbook), "-i", "localhost,", str(ROOT / "playbooks/image_smoke.yml"), "-e", json.dumps(extra)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise ImageError(f"rendering the release failed:\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}")
+
+
+def _wait_ready(layout: dict[str, Path], server: subprocess.Popen[bytes], timeout_s: int, log_file: Path) -> None:
+    """The kit's readiness check, in the image; stops at once when the launcher exits."""
+    node = layout["release"] / "node.json"
+    log(f"waiting for a real generation (up to {timeout_s} s)")
+    argv = [str(layout["release"] / "bin/run"), "glmdeploy-ready", "--config", str(node)]
+    ready = subprocess.Popen(
+        [*argv, "--timeout", str(timeout_s), "--log", str(log_file)], env={**os.environ, **_podman_env()}
+    )
+    while ready.poll() is None:
+        if server.poll() is not None:
+            ready.kill()
+            ready.wait()
+            tail = log_file.read_text(errors="replace")[-3000:]
+            raise ImageError(f"the image's server exited ({server.returncode}) before it was ready:\n{tail}")
+        time.sleep(1)
+    if ready.returncode != 0:
+        raise ImageError(f"the image's server did not become ready:\n{log_file.read_text(errors='replace')[-3000:]}")
+
+
+def _run_suite(layout: dict[str, Path], throughput: bool) -> dict[str, object]:
+    """The smoke suite the image carries, then the fingerprint, both through the release's bin/run."""
+    run = str(layout["release"] / "bin/run")
+    node = str(layout["release"] / "node.json")
+    env = {
+        **os.environ,
+        **_podman_env(),
+        "GLMDEPLOY_NODE_CONFIG": node,
+        "SMOKE_JSON": str(layout["reports"] / "smoke.json"),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    log("running the smoke suite in the image")
+    suite = "/opt/glmdeploy/smoke_tests"
+    argv = [run, "python", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", suite]
+    argv += [] if throughput else [f"--ignore={suite}/test_throughput.py"]
+    proc = subprocess.run(
+        [*argv, f"--junitxml={layout['reports']}/smoke.xml"], env=env, capture_output=True, text=True, check=False
+    )
+    print(proc.stdout[-4000:], end="", flush=True)
+    fp = [run, "glmdeploy-fingerprint", "--config", node, "--release", str(layout["release"])]
+    fp += ["--golden-dir", f"{suite}/golden", "--output", str(layout["reports"] / "fingerprint.json")]
+    subprocess.run(fp, env=env, check=True)
+    last = proc.stdout.strip().splitlines()[-1:] or [""]
+    return {"rc": proc.returncode, "summary": last[0], "tail": (proc.stdout + proc.stderr)[-3000:]}
+
+
+def _stop(server: subprocess.Popen[bytes]) -> None:
+    """SIGTERM as a unit's stop sends it (podman passes it on; --init ends the server's group);
+    then no container of the launcher's name may be left."""
+    if server.poll() is None:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    name = registry.load().unit_name("vllm_server")  # the launcher's --name (roles/vllm_server)
+    if podman("container", "exists", name, check=False).returncode == 0:
+        podman("rm", "--force", "--time", "10", name)
+        raise ImageError(f"container {name} outlived its launcher's SIGTERM (removed now)")
+
+
 def _tree_digest(path: Path) -> str:
     parts = [f"{p.relative_to(path)}:{file_sha256(p)}" for p in sorted(path.rglob("*")) if p.is_file()]
     return digest_of(*parts)
+
+
+def _image_name(value: str) -> str:
+    """An image name, or the `name` of the JSON file `make image` wrote."""
+    path = Path(value)
+    return str(json.loads(path.read_text())["name"]) if value.endswith(".json") and path.is_file() else value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,9 +441,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wheelhouse", type=Path, required=True, help="the profile's wheelhouse (make wheelhouse)")
     p.add_argument("--force", action="store_true", help="build again although an image of these inputs exists")
     p.add_argument("--json", type=Path, help="write the image's name, ID and labels here")
+    q = sub.add_parser("smoke", help="run a built image as a node would and pass the smoke suite in it")
+    q.add_argument("--profile", required=True)
+    q.add_argument("--image", required=True, help="the image's name or ID (make image writes it to its --json)")
+    q.add_argument("--model", type=Path, required=True, help="the model directory to mount read-only")
+    q.add_argument("--port", type=int, default=18000, help="the server's port here (default %(default)s)")
+    q.add_argument("--timeout", type=int, default=900, help="seconds to wait for a real generation")
+    q.add_argument("--reports", type=Path, required=True, help="where the suite's reports and fingerprint go")
+    q.add_argument("--no-throughput", action="store_true", help="leave the throughput check out (a busy machine)")
+    q.add_argument("--json", type=Path, help="write the summary here")
     args = parser.parse_args(argv)
     try:
-        result = build(args.profile, args.python, args.wheelhouse, args.force)
+        if args.command == "smoke":
+            result: dict[str, object] = smoke(
+                _image_name(args.image),
+                args.profile,
+                args.model,
+                args.port,
+                args.timeout,
+                args.reports,
+                throughput=not args.no_throughput,
+            )
+        else:
+            result = dict(build(args.profile, args.python, args.wheelhouse, args.force))
     except (ImageError, registry.RegistryError, apt_sources.NoMirror) as exc:
         print(f"ERROR: {exc}", file=sys.stderr)
         return 2
