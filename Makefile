@@ -134,10 +134,20 @@ lock-check: tools ## Fail if a committed lock differs from a fresh resolve
 wheelhouse: tools ## Download the wheels of PROFILE's lock once, on the control node, and verify them
 	$(TOOLS)/bin/python constraints/lock.py wheelhouse --profile $(PROFILE) --python $(NODE_PY) --dest $(WHEELHOUSE) --cache "$(WHEEL_CACHE)"
 
-$(FIXTURE)/SHA256SUMS: $(REFENV_READY) $(wildcard tests/support/fixture_model/*.py) service/glmdeploy/chatglm3.py $(wildcard tests/support/fixture_model/fixture_files/*.py)
+# The generated models' files all carry one fixed time (deterministic trees), so make cannot judge
+# them by their times: a stamp beside each says when it was made, and a missing model is made
+# again whatever its stamp says. (Without the stamps every make that needed the fixture made it
+# again, swapping the directory under a server that was loading it.)
+FIXTURE_SOURCES := $(REFENV_READY) $(wildcard tests/support/fixture_model/*.py) service/glmdeploy/chatglm3.py $(wildcard tests/support/fixture_model/fixture_files/*.py)
+FIXTURE_MADE    := $(ARTIFACTS)/models/.$(REG_FIXTURE_MODEL).made
+$(FIXTURE_MADE): $(FIXTURE_SOURCES) $(if $(wildcard $(FIXTURE)/SHA256SUMS),,FORCE)
 	@PYTHONPATH=tests/support $(REFENV)/bin/python -m fixture_model $(FIXTURE)
+	@touch $@
 
-fixture: $(FIXTURE)/SHA256SUMS ## Generate the tiny ChatGLM3-architecture fixture model (deterministic)
+fixture: $(FIXTURE_MADE) ## Generate the tiny ChatGLM3-architecture fixture model (deterministic)
+
+.PHONY: FORCE
+FORCE:
 
 # The gpu-cu121 rehearsal's model goes the way a real revision goes: a plain copy of a repo in the
 # published revision's shape (.bin shards, the 2023 tokenizer file, the chat template), with
@@ -145,22 +155,25 @@ fixture: $(FIXTURE)/SHA256SUMS ## Generate the tiny ChatGLM3-architecture fixtur
 REHEARSAL_SOURCE   := $(ARTIFACTS)/published/chatglm3-rehearsal
 REHEARSAL_MODEL    := $(ARTIFACTS)/models/chatglm3-rehearsal
 REHEARSAL_REVISION := c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00
-FIXTURE_SOURCES    := $(REFENV_READY) $(wildcard tests/support/fixture_model/*.py) service/glmdeploy/chatglm3.py $(wildcard tests/support/fixture_model/fixture_files/*.py)
-$(REHEARSAL_SOURCE)/pytorch_model.bin.index.json: $(FIXTURE_SOURCES)
+REHEARSAL_MADE     := $(ARTIFACTS)/published/.chatglm3-rehearsal.made
+$(REHEARSAL_MADE): $(FIXTURE_SOURCES) $(if $(wildcard $(REHEARSAL_SOURCE)/pytorch_model.bin.index.json),,FORCE)
 	@PYTHONPATH=tests/support $(REFENV)/bin/python -m fixture_model --shape published --kv-geometry $(REHEARSAL_SOURCE)
+	@touch $@
 
-rehearsal-source: $(REHEARSAL_SOURCE)/pytorch_model.bin.index.json ## The rehearsal model as a plain repo copy in the published revision's shape (make weights stages it)
+rehearsal-source: $(REHEARSAL_MADE) ## The rehearsal model as a plain repo copy in the published revision's shape (make weights stages it)
 
-$(REHEARSAL_MODEL)/SHA256SUMS: $(REHEARSAL_SOURCE)/pytorch_model.bin.index.json service/glmdeploy_control/weights.py service/glmdeploy_control/checkpoint.py
+$(REHEARSAL_MODEL)/SHA256SUMS: $(REHEARSAL_MADE) service/glmdeploy_control/weights.py service/glmdeploy_control/checkpoint.py
 	@$(MAKE) --no-print-directory weights FROM=$(REHEARSAL_SOURCE) REVISION=$(REHEARSAL_REVISION) MODEL_DIR=$(REHEARSAL_MODEL)
 
 rehearsal-model: $(REHEARSAL_MODEL)/SHA256SUMS ## The gpu-cu121 rehearsal's model, staged by make weights from rehearsal-source (docs/rehearsal.md)
 
 # The same pinned stack as a container image (images/README.md): podman, offline, reproducible
 # (the same inputs give the same image ID), kept by its inputs' digest in /var/cache/glmdeploy/images.
-image: wheelhouse ## Build PROFILE's container image offline and reproducibly (podman; no weights inside)
-	$(TOOLS)/bin/python -m glmdeploy_control.image build --profile $(PROFILE) --python $(NODE_PY) \
-	  --wheelhouse $(WHEELHOUSE) --json $(REPORTS)/image-$(PROFILE).json
+# The image runs its base's Python (the registry's [kit.image]), whatever NODE_PY is.
+image: tools ## Build PROFILE's container image offline and reproducibly (podman; no weights inside)
+	@$(MAKE) --no-print-directory wheelhouse NODE_PY=$(REG_IMAGE_PY)
+	$(TOOLS)/bin/python -m glmdeploy_control.image build --profile $(PROFILE) \
+	  --wheelhouse $(ARTIFACTS)/wheelhouse/$(REG_IMAGE_WHEELHOUSE.$(PROFILE)) --json $(REPORTS)/image-$(PROFILE).json
 
 # The image run as a node runs it (playbooks/image_smoke.yml renders the container runtime's
 # launcher and bin/run with the roles), PROFILE's model mounted read-only, the smoke suite inside.

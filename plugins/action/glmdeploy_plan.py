@@ -50,11 +50,15 @@ class ActionModule(ActionBase):
                 profile=str(args["profile"]),
                 python_path=str(args["python"]),
                 probe=registry.parse_probe(probed.get("stdout", "")),
+                runtime=str(args.get("runtime") or "venv"),
             )
         except registry.RegistryError as exc:
             raise AnsibleActionFail(
                 f"{exc} (glmdeploy_profile for {host}, or make ... PROFILE=). Nothing was changed."
             ) from exc
         result.update(changed=False, plan=node.to_dict())
-        result["msg"] = f"{node.profile} ({node.profile_source}), Python {node.python}, {node.lock_name or 'no lock'}"
+        result["msg"] = (
+            f"{node.profile} ({node.profile_source}), {node.runtime} runtime, Python {node.python}, "
+            f"{node.lock_name or 'no lock'}"
+        )
         return result

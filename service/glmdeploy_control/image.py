@@ -34,7 +34,6 @@ CACHE = Path(os.environ.get("GLMDEPLOY_IMAGE_CACHE", "/var/cache/glmdeploy/image
 #: Every file time in the base tar and the image's layers, and the image's creation time: a
 #: constant, so a build next year gives the same ID (2024-07-01, the gpu-cu121 lock's date).
 EPOCH = 1719792000
-SUITE = "bookworm"
 #: Packages of every image's base besides the registry's (the kit's and the profile's).
 BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
 #: Bump to rebuild every base (a change in how it is made that its package list does not show).
@@ -98,27 +97,28 @@ def base_packages(reg: registry.Registry, profile: str) -> list[str]:
 def ensure_base(reg: registry.Registry, profile: str) -> str:
     """The base image for `profile` (debootstrap minbase + its packages), made once; its name."""
     packages = base_packages(reg, profile)
-    key = digest_of(BASE_REVISION, SUITE, *packages)[:12]
+    suite = reg.kit.image.suite
+    key = digest_of(BASE_REVISION, suite, *packages)[:12]
     name = f"localhost/glmdeploy-base:{key}"
     if image_id(name):
         return name
     tar = CACHE / f"base-{key}.tar"
     if not tar.exists():
-        _debootstrap(packages, tar)
+        _debootstrap(suite, packages, tar)
     log(f"importing the base {tar.name} ({tar.stat().st_size >> 20} MiB, sha256 {file_sha256(tar)[:12]})")
     podman("import", "--change", 'CMD ["/bin/bash"]', str(tar), name)
     return name
 
 
-def _debootstrap(packages: list[str], tar: Path) -> None:
+def _debootstrap(suite: str, packages: list[str], tar: Path) -> None:
     if not shutil.which("debootstrap"):
         raise ImageError("debootstrap is not installed: apt install debootstrap (as root)")
-    mirror = apt_sources.debian_mirror(SUITE)
+    mirror = apt_sources.debian_mirror(suite)
     with tempfile.TemporaryDirectory(dir=CACHE, prefix=".base-") as tmp:
         rootfs = Path(tmp) / "rootfs"
-        log(f"debootstrapping the base ({SUITE} minbase + {', '.join(packages)}; about two minutes, kept)")
+        log(f"debootstrapping the base ({suite} minbase + {', '.join(packages)}; about two minutes, kept)")
         proc = subprocess.run(
-            ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", SUITE, str(rootfs), mirror],
+            ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", suite, str(rootfs), mirror],
             capture_output=True,
             text=True,
             check=False,
@@ -250,6 +250,34 @@ def build(profile: str, python: str, wheelhouse: Path, force: bool = False) -> d
     built = image_id(name) or ""
     log(f"built {name}: ID {built[:12]} in {time.monotonic() - start:.0f} s")
     return {"name": name, "id": built, **labels}
+
+
+# ---------------------------------------------------------------- archive
+def save(name: str, out: Path) -> dict[str, str]:
+    """The image as a file for nodes (no registry anywhere): an OCI archive, zstd-compressed, with
+    its SHA256 and the image ID it holds beside it, made once per image. The node checks both
+    (library/glmdeploy_image.py): the archive's SHA256 on arrival, the ID after `podman load`."""
+    found = image_id(name)
+    if not found:
+        raise ImageError(f"no image {name} in {CACHE / 'store'}: run `make image` first")
+    stem = name.rsplit("/", 1)[-1].replace(":", "-")
+    archive, meta = out / f"{stem}.oci.tar.zst", out / f"{stem}.json"
+    if meta.is_file() and archive.is_file():
+        known = json.loads(meta.read_text())
+        if known.get("id") == found and known.get("sha256") == file_sha256(archive):
+            log(f"{archive} holds {found[:12]} already")
+            return dict(known)
+    out.mkdir(parents=True, exist_ok=True)
+    log(f"saving {name} ({found[:12]}) to {archive} (OCI archive, zstd; about a minute)")
+    with tempfile.TemporaryDirectory(dir=CACHE, prefix=".save-") as tmp:
+        tar = Path(tmp) / "image.tar"
+        podman("save", "--format", "oci-archive", "--output", str(tar), name)
+        part = archive.with_name(archive.name + ".partial")
+        subprocess.run(["zstd", "-q", "-f", "-T0", "-3", str(tar), "-o", str(part)], check=True)
+        part.rename(archive)
+    result = {"name": name, "id": found, "archive": archive.name, "sha256": file_sha256(archive)}
+    meta.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    return result
 
 
 # ---------------------------------------------------------------- smoke
@@ -437,9 +465,10 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("build", help="build (or find, by its inputs' digest) a profile's image")
     p.add_argument("--profile", required=True)
-    p.add_argument("--python", default="3.11", help="the image's Python minor version (the base's: %(default)s)")
+    p.add_argument("--python", help="the image's Python minor version (default: the registry's [kit.image] python)")
     p.add_argument("--wheelhouse", type=Path, required=True, help="the profile's wheelhouse (make wheelhouse)")
     p.add_argument("--force", action="store_true", help="build again although an image of these inputs exists")
+    p.add_argument("--archive", type=Path, help="also write its archive for nodes into this directory (see save)")
     p.add_argument("--json", type=Path, help="write the image's name, ID and labels here")
     q = sub.add_parser("smoke", help="run a built image as a node would and pass the smoke suite in it")
     q.add_argument("--profile", required=True)
@@ -450,10 +479,17 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--reports", type=Path, required=True, help="where the suite's reports and fingerprint go")
     q.add_argument("--no-throughput", action="store_true", help="leave the throughput check out (a busy machine)")
     q.add_argument("--json", type=Path, help="write the summary here")
+    v = sub.add_parser("save", help="write an image as a zstd OCI archive with its SHA256 and ID (for nodes)")
+    v.add_argument("--image", required=True, help="the image's name or ID (or the --json of make image)")
+    v.add_argument("--out", type=Path, required=True, help="directory of the archives (artifacts/images)")
+    v.add_argument("--json", type=Path, help="write the archive's name, SHA256 and image ID here")
     args = parser.parse_args(argv)
+    result: dict[str, object]
     try:
-        if args.command == "smoke":
-            result: dict[str, object] = smoke(
+        if args.command == "save":
+            result = dict(save(_image_name(args.image), args.out))
+        elif args.command == "smoke":
+            result = smoke(
                 _image_name(args.image),
                 args.profile,
                 args.model,
@@ -463,7 +499,10 @@ def main(argv: list[str] | None = None) -> int:
                 throughput=not args.no_throughput,
             )
         else:
-            result = dict(build(args.profile, args.python, args.wheelhouse, args.force))
+            python = args.python or registry.load().kit.image.python
+            result = dict(build(args.profile, python, args.wheelhouse, args.force))
+            if args.archive:
+                result["archive"] = save(str(result["name"]), args.archive)
     except (ImageError, registry.RegistryError, apt_sources.NoMirror) as exc:
         print(f"ERROR: {exc}", file=sys.stderr)
         return 2

@@ -16,9 +16,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from glmdeploy_control.registry import Registry
+from glmdeploy_control.registry import Registry, RegistryError
 
 AUTO = "auto"
+#: How a node runs its releases (glmdeploy_runtime): its own Python's venv, or the kit's image.
+RUNTIMES = ("venv", "container")
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,8 @@ class NodePlan:
     profile: str
     #: "inventory" (glmdeploy_profile named it) or "auto" (the GPU rule chose it).
     profile_source: str
-    #: The node's Python minor version ("3.11"), or "missing".
+    #: The Python minor version ("3.11") the node's releases run: the node's own (venv runtime)
+    #: or the image's (container runtime); "missing" when the node's own cannot be read.
     python: str
     #: The Pythons the profile has locks for.
     pythons: list[str]
@@ -39,6 +42,10 @@ class NodePlan:
     lock_file: str
     #: The wheelhouse directory's name under artifacts/wheelhouse (glmdeploy_wheelhouse_dir).
     wheelhouse_name: str
+    #: How releases run: "venv" (the node's own Python) or "container" (the kit's image).
+    runtime: str = "venv"
+    #: The node's own Python minor version (what glmdeploy_python reports), whatever the runtime.
+    host_python: str = ""
     problems: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -52,23 +59,40 @@ def plan(
     profile: str,
     python_path: str,
     probe: dict[str, str],
+    runtime: str = "venv",
 ) -> NodePlan:
-    """The plan of one node. `probe` is `registry.parse_probe` of `registry.PROBE` run there."""
+    """The plan of one node. `probe` is `registry.parse_probe` of `registry.PROBE` run there.
+    In the container runtime the release runs the image's Python, so that picks the lock."""
     source = "auto" if profile == AUTO else "inventory"
     vendors = probe["pci_vendors"].split()
     name = registry.auto_profile(vendors) if profile == AUTO else profile
     spec = registry.profile(name)
-    python = probe["python"] or "missing"
+    if runtime not in RUNTIMES:
+        raise RegistryError(f"unknown glmdeploy_runtime {runtime!r} for {host}: fix: use one of {', '.join(RUNTIMES)}")
+    host_python = probe["python"] or "missing"
+    image_python = registry.kit.image.python
+    python = image_python if runtime == "container" else host_python
     gpu_present = registry.has_gpu(vendors)
     supported = python in spec.python
     lock_name = registry.lock_name(name, python) if supported else ""
     constraints = registry.path.parent
     problems: list[str] = []
-    if not supported:
+    if not supported and runtime == "container":
+        problems.append(
+            f"profile {name} has no lock for the image's Python {image_python} (it has {', '.join(spec.python)}): "
+            f"fix: add {image_python} to [profile.{name}] python in {registry.path.name} and run make lock."
+        )
+    elif not supported:
+        container = (
+            f" Or run the releases from the kit's image, which carries its own Python {image_python}: set "
+            f"glmdeploy_runtime: container for {host} (images/README.md)."
+            if image_python in spec.python
+            else ""
+        )
         problems.append(
             f"unsupported Python on {host}: {python_path} is "
             f"{python if python != 'missing' else 'missing or broken'}; profile {name} has locks for "
-            f"Python {', '.join(spec.python)}. fix: install one of those and point glmdeploy_python at it."
+            f"Python {', '.join(spec.python)}. fix: install one of those and point glmdeploy_python at it." + container
         )
     if spec.gpu is not None and not gpu_present:
         problems.append(
@@ -86,5 +110,7 @@ def plan(
         lock_name=lock_name,
         lock_file=str(constraints / lock_name) if lock_name else "",
         wheelhouse_name=registry.wheelhouse_name(name, python),
+        runtime=runtime,
+        host_python=host_python,
         problems=problems,
     )

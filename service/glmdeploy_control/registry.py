@@ -55,6 +55,17 @@ class Auto:
 
 
 @dataclass(frozen=True)
+class Image:
+    """The container image's base: the Debian suite debootstrapped for it and that suite's Python
+    (the image's lock is the profile's for this Python, whatever the host runs)."""
+
+    suite: str
+    python: str
+    #: Distribution packages a node of the container runtime needs instead of the venv's.
+    host_packages: list[str]
+
+
+@dataclass(frozen=True)
 class Kit:
     lock_file: str
     wheelhouse: str
@@ -65,6 +76,7 @@ class Kit:
     auto: Auto
     packages: list[str]
     services: dict[str, Service]
+    image: Image
 
 
 @dataclass(frozen=True)
@@ -288,12 +300,14 @@ def make_vars(registry: Registry, python: str, control_python: str, detect: bool
         f"REG_FIXTURE_MODEL={registry.fixture_model()}",
         f"REG_TOOLS_LOCK={registry.lock_name('tools', control_python)}",
         f"REG_REFENV_LOCK={registry.lock_name('tokenizer-ref', control_python)}",
+        f"REG_IMAGE_PY={registry.kit.image.python}",
     ]
     for name, profile in registry.profiles.items():
         words += [
             f"REG_MODEL.{name}={profile.model}",
             f"REG_MODEL_SOURCE.{name}={profile.model_source}",
             f"REG_WHEELHOUSE.{name}={registry.wheelhouse_name(name, python)}",
+            f"REG_IMAGE_WHEELHOUSE.{name}={registry.wheelhouse_name(name, registry.kit.image.python)}",
         ]
     if detect:
         words.append(f"REG_DETECTED={detect_here(registry)}")

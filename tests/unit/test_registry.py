@@ -53,6 +53,40 @@ def test_plan_of_a_python_without_a_lock_has_no_lock_and_says_which_pythons_have
     assert node.profile_source == "inventory" and node.pythons == ["3.11"]
 
 
+def test_python_without_a_lock_names_the_container_runtime_as_the_other_fix():
+    node = _plan(registry.load(), {"python": "3.13", "pci_vendors": ""}, profile="cpu")
+    (problem,) = node.problems
+    assert "/usr/bin/python3 is 3.13" in problem
+    assert "glmdeploy_runtime: container for node1" in problem and "Python 3.11" in problem
+
+
+def test_container_runtime_takes_the_images_python_lock_whatever_the_host_runs():
+    reg = registry.load()
+    node = plan.plan(
+        reg,
+        host="node1",
+        profile="cpu",
+        python_path="/usr/bin/python3",
+        probe={"python": "3.13", "pci_vendors": ""},
+        runtime="container",
+    )
+    assert node.problems == [] and node.runtime == "container"
+    assert node.python == reg.kit.image.python and node.host_python == "3.13"
+    assert node.lock_name == reg.lock_name("cpu", reg.kit.image.python)
+
+
+def test_unknown_runtime_is_refused_naming_the_ones_there_are():
+    with pytest.raises(registry.RegistryError, match="venv, container"):
+        plan.plan(
+            registry.load(),
+            host="node1",
+            profile="cpu",
+            python_path="/usr/bin/python3",
+            probe={"python": "3.11", "pci_vendors": ""},
+            runtime="docker",
+        )
+
+
 def test_plan_of_a_gpu_profile_on_a_node_without_a_gpu_reports_it_without_failing():
     node = _plan(registry.load(), CPU_HOST, profile="gpu-cu121")
     assert node.gpu_required and not node.gpu_present
