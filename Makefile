@@ -46,6 +46,8 @@ INVENTORY ?= playbooks/localhost.ini
 ANSIBLE_ARGS ?=
 WHEELHOUSE = $(ARTIFACTS)/wheelhouse/$(REG_WHEELHOUSE.$(PROFILE))
 N         ?= 3
+# make hosts: how many of the N (the last) run Debian 13, whose releases run the kit's image.
+DEBIAN13  ?= 0
 HOSTCTL   := $(TOOLS)/bin/python tests/hosts/hostctl.py
 # The kit's generated model (`make fixture`) and the model PROFILE serves, as the registry names them.
 FIXTURE   := $(ARTIFACTS)/models/$(REG_FIXTURE_MODEL)
@@ -358,8 +360,8 @@ test: ## Everything CI runs: system packages, lint, lock re-resolve check, unit 
 # What the end-to-end tests and the unit tests both read, made once before they run side by side.
 test-inputs: tools $(REFENV_READY) fixture
 
-hosts: tools ## Create N (default 3) fresh systemd test hosts in network namespaces; writes their inventory
-	$(HOSTCTL) up $(N)
+hosts: tools ## Create N (default 3) fresh systemd test hosts in network namespaces (DEBIAN13=K: the last K run Debian 13); writes their inventory
+	$(HOSTCTL) up $(N) --debian13 $(DEBIAN13)
 
 hosts-down: tools ## Destroy every test host and the controller-side apt proxy
 	$(HOSTCTL) down

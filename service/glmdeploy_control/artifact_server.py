@@ -9,7 +9,7 @@ the API key included. This one:
   ``glmdeploy_artifact_url`` of its own (a lab mirror);
 - binds only the control node's address that each such node is routed to (``ip route get``),
   never every interface;
-- serves ``wheelhouse/`` and ``releases/`` read-only (what nodes fetch), nothing else:
+- serves ``wheelhouse/``, ``releases/`` and ``images/`` read-only (what nodes fetch), nothing else:
   ``secrets/`` and the model files (copied over the Ansible connection) answer 404;
 - tells the playbook each node's URL in ``GLMDEPLOY_ARTIFACT_URLS`` (a JSON map, read by the
   ``glmdeploy`` role's defaults); preflight checks every node reaches it before anything changes;
@@ -37,7 +37,7 @@ from glmdeploy_control.wrapped import command_of, run_child, wrapper_parser
 
 URLS_VAR = "GLMDEPLOY_ARTIFACT_URLS"
 #: The only trees a node fetches over HTTP.
-SERVED = ("wheelhouse", "releases")
+SERVED = ("wheelhouse", "releases", "images")
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
 NODES_GROUP = "glmdeploy_nodes"
 

@@ -306,7 +306,8 @@ def smoke(
         _render_release(layout, found, profile, model, port)
         server_env = json.loads((layout["release"].parent / "server-env.json").read_text())
         env = {**os.environ, **_podman_env(), **server_env}
-        log_file = layout["log"] / "vllm_server.log"
+        # The launcher's output as a unit would keep it; the server's log file is podman's (k8s-file).
+        log_file = layout["log"] / "launcher.log"
         log(f"starting {name} ({found[:12]}) as a node's launcher would, on port {port}")
         with log_file.open("wb") as out:
             server = subprocess.Popen([str(layout["release"] / "bin/vllm_server")], env=env, stdout=out, stderr=out)
@@ -316,7 +317,7 @@ def smoke(
             fingerprint = json.loads((layout["reports"] / "fingerprint.json").read_text())
         finally:
             _stop(server)
-            shutil.copy2(log_file, reports / f"image-smoke-{profile}-vllm_server.log")
+            shutil.copy2(log_file, reports / f"image-smoke-{profile}-launcher.log")
         for file in ("smoke.xml", "smoke.json", "fingerprint.json"):
             shutil.copy2(layout["reports"] / file, reports / f"image-smoke-{profile}-{file}")
     if fingerprint.get("image") != found:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fresh Debian 12 test hosts booting systemd, each in its own network namespace.
+"""Fresh Debian 12 (and Debian 13) test hosts booting systemd, each in its own network namespace.
 
 Why: "make deploy to a fresh server" is a claim about machines that are not the
 control node. Without a Docker engine, each host here is an overlay on a cached
@@ -9,7 +9,14 @@ default route: they reach only the controller's bridge address, where an apt
 proxy (forwarding only to the controller's own apt mirror) and an artifact
 server (wheelhouse, models) listen. Everything is torn down by recorded PID.
 
-Usage (root): hostctl.py up N | down | status | golden
+Debian 13 hosts (`up N --debian13 K`: the last K) run Python 3.13, which the kit's locks do not
+support: they run their releases from the kit's image (glmdeploy_runtime=container in the
+inventory). Two things of the test harness, not of the kit, let podman run inside nspawn there: a
+containers.conf drop-in (no session keyring, no cgroups of its own: nspawn gives neither) and the
+kit's image store on a directory of this machine bound in (overlay cannot stack on the host's
+overlay root).
+
+Usage (root): hostctl.py up N [--debian13 K] | down | status | golden
 """
 
 from __future__ import annotations
@@ -56,6 +63,14 @@ PACKAGES = (
 CGROUP_HIERARCHIES = ("systemd", "unified")
 # Bumped whenever finish_golden() changes what a golden rootfs contains (a new cache key).
 GOLDEN_REVISION = "2"
+#: The Debian suites a test host can run, by name (the first is the default).
+SUITES = {"bookworm": "Debian 12", "trixie": "Debian 13"}
+#: Podman inside an nspawn host: no session keyring and no cgroups of its own (nspawn allows
+#: neither); the test harness's setting, never the kit's (a real server has both).
+NSPAWN_CONTAINERS_CONF = '[containers]\nkeyring = false\ncgroups = "disabled"\n'
+#: Where the kit keeps its image store on a node (glmdeploy_podman's --root): bound from this
+#: machine's disk, since overlay cannot stack on the host's overlay root.
+IMAGE_STORE = "/opt/glmdeploy/images"
 
 
 class HostError(RuntimeError):
@@ -72,6 +87,8 @@ def log(msg: str) -> None:
 
 # ---------------------------------------------------------------- mirrors
 def debian_mirror() -> str:
+    """The Debian archive this machine uses (for bookworm): the same archive carries every
+    release, so a Debian 13 host is made from it too."""
     try:
         return apt_sources.debian_mirror("bookworm")
     except apt_sources.NoMirror as exc:
@@ -79,21 +96,21 @@ def debian_mirror() -> str:
 
 
 # ---------------------------------------------------------------- golden rootfs
-def golden_dir() -> Path:
+def golden_dir(suite: str = "bookworm") -> Path:
     key = hashlib.sha256(" ".join([GOLDEN_REVISION, *sorted(PACKAGES)]).encode()).hexdigest()[:12]
-    return CACHE / f"golden-bookworm-{key}"
+    return CACHE / f"golden-{suite}-{key}"
 
 
-def ensure_golden() -> Path:
+def ensure_golden(suite: str = "bookworm") -> Path:
     """Build the golden rootfs once; a second caller (CI prefetches it in the background) waits for the first."""
     CACHE.mkdir(parents=True, exist_ok=True)
     with (CACHE / ".golden.lock").open("w") as lockf:
         fcntl.flock(lockf, fcntl.LOCK_EX)
-        return _build_golden()
+        return _build_golden(suite)
 
 
-def _build_golden() -> Path:
-    golden = golden_dir()
+def _build_golden(suite: str) -> Path:
+    golden = golden_dir(suite)
     rootfs = golden / "rootfs"
     if (golden / "ready").exists():
         return rootfs
@@ -101,34 +118,45 @@ def _build_golden() -> Path:
         raise HostError("debootstrap and systemd-nspawn are needed: apt install debootstrap systemd-container")
     shutil.rmtree(golden, ignore_errors=True)
     golden.mkdir(parents=True)
-    log(f"building the golden Debian 12 rootfs in {rootfs} (about a minute, cached afterwards)")
+    log(f"building the golden {SUITES[suite]} rootfs in {rootfs} (about a minute, cached afterwards)")
     start = time.monotonic()
     proc = run(
         "debootstrap",
         "--variant=minbase",
         f"--include={','.join(PACKAGES)}",
-        "bookworm",
+        suite,
         str(rootfs),
         debian_mirror(),
         check=False,
     )
     if proc.returncode != 0:
         raise HostError(f"debootstrap failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    finish_golden(rootfs)
+    finish_golden(rootfs, suite)
     (golden / "ready").write_text(f"{time.monotonic() - start:.1f}\n")
     log(f"golden rootfs ready in {time.monotonic() - start:.0f}s")
     return rootfs
 
 
-def finish_golden(rootfs: Path) -> None:
+def finish_golden(rootfs: Path, suite: str = "bookworm") -> None:
     """Make the rootfs a template: no identity of its own, apt through the controller's proxy."""
     for key in rootfs.glob("etc/ssh/ssh_host_*"):
         key.unlink()
     (rootfs / "etc/machine-id").write_text("")
     # The controller's Debian suites (release, updates, security), as a real server has them;
     # roles add components (the driver's non-free) to these same suites.
-    suites = sorted({(uri, suite) for uri, suite in apt_sources.apt_mirrors() if suite.split("-")[0] == "bookworm"})
-    (rootfs / "etc/apt/sources.list").write_text("".join(f"deb {uri} {suite} main\n" for uri, suite in suites))
+    # A Debian 13 host takes the same archives' trixie suites.
+    suites = sorted(
+        {
+            (uri, name.replace("bookworm", suite))
+            for uri, name in apt_sources.apt_mirrors()
+            if name.split("-")[0] == "bookworm"
+        }
+    )
+    (rootfs / "etc/apt/sources.list").write_text("".join(f"deb {uri} {name} main\n" for uri, name in suites))
+    if suite == "trixie":  # the container runtime's hosts
+        conf = rootfs / "etc/containers/containers.conf.d/50-nspawn-test-host.conf"
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        conf.write_text(NSPAWN_CONTAINERS_CONF)
     (rootfs / "etc/apt/apt.conf.d/01glmdeploy-proxy").write_text(
         f'Acquire::http::Proxy "http://{CONTROLLER}:{APT_PORT}";\n'
     )
@@ -239,7 +267,7 @@ def setup_netns(name: str) -> None:
     run("ip", "-n", ns, "link", "set", "lo", "up")
 
 
-def boot(name: str, merged: Path) -> int:
+def boot(name: str, merged: Path, binds: tuple[str, ...] = ()) -> int:
     """Start systemd-nspawn in a private mount namespace and its own cgroup; return the launcher PID."""
     cgroups = [Path("/sys/fs/cgroup") / h / f"glmdeploy-{name}" for h in CGROUP_HIERARCHIES]
     for cg in cgroups:
@@ -250,6 +278,7 @@ def boot(name: str, merged: Path) -> int:
         f"{join} mkdir -p /run/systemd/nspawn && mount -t tmpfs tmpfs /run/systemd/nspawn && "
         f"exec systemd-nspawn -q -D {merged} -M {name} -b --register=no --keep-unit "
         f"--network-namespace-path=/run/netns/glm-{name} --resolv-conf=off --timezone=off --console=pipe"
+        + "".join(f" --bind={bind}" for bind in binds)
     )
     logf = (STATE / name / "console.log").open("ab")
     proc = subprocess.Popen(
@@ -263,12 +292,17 @@ def boot(name: str, merged: Path) -> int:
     return proc.pid
 
 
-def write_inventory(names: list[str], key: Path) -> Path:
+def write_inventory(names: list[str], key: Path, suites: dict[str, str] | None = None) -> Path:
+    suites = suites or {}
     lines = [
         "# Written by tests/hosts/hostctl.py: throwaway test hosts, removed by `make hosts-down`.",
+        "# Debian 13 hosts run Python 3.13, which no lock supports: their releases run the kit's image.",
         "[glmdeploy_nodes]",
     ]
-    lines += [f"{n} ansible_host={host_ip(n)}" for n in names]
+    lines += [
+        f"{n} ansible_host={host_ip(n)}" + (" glmdeploy_runtime=container" if suites.get(n) == "trixie" else "")
+        for n in names
+    ]
     lines += [
         "",
         "[glmdeploy_nodes:vars]",
@@ -292,32 +326,39 @@ def write_inventory(names: list[str], key: Path) -> Path:
     return inventory
 
 
-def up(count: int) -> dict[str, object]:
+def up(count: int, debian13: int = 0) -> dict[str, object]:
+    """`count` hosts; the last `debian13` of them run Debian 13 (the others Debian 12)."""
     if os.geteuid() != 0:
         raise HostError("test hosts need root (network namespaces, overlay mounts, nspawn)")
+    if not 0 <= debian13 <= count:
+        raise HostError(f"--debian13 must be between 0 and N ({count})")
     start = time.monotonic()
     STATE.mkdir(parents=True, exist_ok=True)
-    golden = ensure_golden()
+    names = host_names(count)
+    suites = {name: ("trixie" if i >= count - debian13 else "bookworm") for i, name in enumerate(names)}
+    goldens = {suite: ensure_golden(suite) for suite in sorted(set(suites.values()))}
     golden_s = time.monotonic() - start
     key = ensure_key()
     ensure_bridge()
     start_servers()
-    names = host_names(count)
     t0 = time.monotonic()
     for name in names:
         if (STATE / name / "pid").exists():
             raise HostError(f"{name} already exists: run `make hosts-down` first")
-        merged = prepare_root(name, golden, key)
+        merged = prepare_root(name, goldens[suites[name]], key)
         setup_netns(name)
-        boot(name, merged)
+        store = STATE / name / "images"
+        store.mkdir(exist_ok=True)
+        boot(name, merged, binds=(f"{store}:{IMAGE_STORE}",) if suites[name] == "trixie" else ())
     for name in names:
         wait_port(host_ip(name), 22, 60, f"sshd on {name}")
     for name in names:
         wait_running(name, key)
     created_s = time.monotonic() - t0
-    inventory = write_inventory(names, key)
+    inventory = write_inventory(names, key, suites)
     report = {
         "hosts": names,
+        "suites": suites,
         "inventory": str(inventory),
         "golden_s": round(golden_s, 1),
         "create_s": round(created_s, 1),
@@ -476,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("up", help="create N fresh hosts and write an inventory")
     p.add_argument("count", type=int)
+    p.add_argument("--debian13", type=int, default=0, help="the last K hosts run Debian 13 (container runtime)")
     sub.add_parser("down", help="destroy every test host and the controller-side servers")
     sub.add_parser("status", help="list the hosts")
     sub.add_parser("golden", help="build (or reuse) the cached golden rootfs")
@@ -484,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "up":
             if not 1 <= args.count <= 20:
                 raise HostError("N must be between 1 and 20")
-            up(args.count)
+            up(args.count, args.debian13)
         elif args.cmd == "down":
             down()
         elif args.cmd == "status":
