@@ -1,16 +1,18 @@
-"""A Debian 13 host, whose Python 3.13 no lock supports, served through the container runtime.
+"""A Debian 13 host, whose Python 3.13 no lock supports, served through the container runtime,
+beside a Debian 12 host running the venv runtime, behind one balancer.
 
-One fresh test host from tests/hosts/hostctl.py (`make hosts N=1 DEBIAN13=1`): Debian 13 booting
-systemd in its own network namespace; the inventory sets `glmdeploy_runtime=container` for it.
-The venv runtime is refused there before anything changes, naming the container runtime; the
-container runtime then deploys it with the same `make deploy` (the image built or found on this
-machine, sent as an archive through the run's artifact server, loaded and checked by ID), passes
-the health gate and the smoke suite, changes nothing on a second run, and `make verify` names its
-image. What the harness adds for podman inside nspawn (no keyring, no cgroups, the store bound in)
+Two fresh test hosts from tests/hosts/hostctl.py (`make hosts N=2 DEBIAN13=1`), booting systemd in
+their own network namespaces: testhost1 Debian 12 (venv runtime, and the balancer), testhost2
+Debian 13 (the inventory sets `glmdeploy_runtime=container` for it). The venv runtime is refused
+on the Debian 13 host before anything changes, naming the container runtime; one `make deploy`
+then deploys both (the image built or found on this machine, sent as an archive through the run's
+artifact server, loaded and checked by ID), both pass the health gate and the smoke suite, a
+second run changes nothing, and `make verify` shows the Debian 13 host's image beside the Debian 12
+host's environment. What the harness adds for podman inside nspawn (no keyring, no cgroups, the store bound in)
 is the test host's, not the kit's (hostctl's docstring).
 
-A drill (`make drills`), not CI: the first deploy sends and loads a 3 GB image (about four minutes
-here, plus the image's build when its inputs changed).
+A drill (`make drills`), not CI: the first deploy sends and loads a 3 GB image (about three minutes
+here, plus the image's build when its inputs changed) beside a venv deploy.
 """
 
 from __future__ import annotations
@@ -31,25 +33,25 @@ pytestmark = [
     pytest.mark.skipif(not Path("/usr/bin/podman").exists(), reason="podman is not installed: apt install podman runc"),
 ]
 
-HOST = hostctl.host_names(1)[0]
+VENV_HOST, HOST = hostctl.host_names(2)
 
 
 @pytest.fixture(scope="module")
 def debian13_host():
-    """One fresh Debian 13 host and its inventory; gone afterwards, whatever happened."""
-    created = make("hosts", "N=1", "DEBIAN13=1")
+    """A fresh Debian 12 host and a fresh Debian 13 host and their inventory; gone afterwards."""
+    created = make("hosts", "N=2", "DEBIAN13=1")
     try:
         assert created.returncode == 0, f"make hosts failed:\n{deploy_failure_summary(created)}"
         hosts = json.loads((hostctl.STATE / "hosts.json").read_text())
-        assert hosts["suites"] == {HOST: "trixie"}
+        assert hosts["suites"] == {VENV_HOST: "bookworm", HOST: "trixie"}
         yield {"inventory": hosts["inventory"]}
     finally:
         make("hosts-down")
 
 
-def _recap_changed(output: str) -> int:
-    match = re.search(rf"^{HOST}\s*:.*?changed=(\d+)", output, re.M)
-    assert match, f"no play recap for {HOST} in the output"
+def _recap_changed(output: str, host: str = HOST) -> int:
+    match = re.search(rf"^{host}\s*:.*?changed=(\d+)", output, re.M)
+    assert match, f"no play recap for {host} in the output"
     return int(match.group(1))
 
 
@@ -57,7 +59,7 @@ def test_venv_runtime_is_refused_on_debian_13_naming_the_container_runtime(debia
     proc = make(
         "deploy",
         f"INVENTORY={debian13_host['inventory']}",
-        "ANSIBLE_ARGS=-e glmdeploy_runtime=venv --limit glmdeploy_nodes",
+        f"ANSIBLE_ARGS=-e glmdeploy_runtime=venv --limit {HOST}",
         timeout=600,
     )
     out = proc.stdout + proc.stderr
@@ -66,25 +68,29 @@ def test_venv_runtime_is_refused_on_debian_13_naming_the_container_runtime(debia
     assert "Nothing was changed" in out and _recap_changed(out) == 0
 
 
-def test_container_runtime_serves_debian_13_and_a_second_deploy_changes_nothing(debian13_host: dict) -> None:
+def test_one_deploy_serves_debian_13_from_the_image_beside_a_venv_host_and_changes_nothing_twice(
+    debian13_host: dict,
+) -> None:
     inventory = f"INVENTORY={debian13_host['inventory']}"
-    first = make("deploy", inventory, "ANSIBLE_ARGS=--limit glmdeploy_nodes", timeout=1800)
+    first = make("deploy", inventory, timeout=2400)
     assert first.returncode == 0, deploy_failure_summary(first)
-    smoke = json.loads((REPORTS / "smoke" / HOST / "smoke.json").read_text())
-    assert smoke["counts"]["failed"] == 0 and smoke["counts"]["passed"] >= 20
-    again = make("deploy", inventory, "ANSIBLE_ARGS=--limit glmdeploy_nodes", timeout=900)
+    for host in (VENV_HOST, HOST):
+        smoke = json.loads((REPORTS / "smoke" / host / "smoke.json").read_text())
+        assert smoke["counts"]["failed"] == 0 and smoke["counts"]["passed"] >= 20, host
+    again = make("deploy", inventory, timeout=900)
     assert again.returncode == 0, deploy_failure_summary(again)
-    assert _recap_changed(again.stdout) == 0
+    assert _recap_changed(again.stdout, VENV_HOST) == 0 and _recap_changed(again.stdout, HOST) == 0
 
 
-def test_verify_names_the_image_the_debian_13_host_runs(debian13_host: dict) -> None:
-    proc = make(
-        "verify", f"INVENTORY={debian13_host['inventory']}", "ANSIBLE_ARGS=--limit glmdeploy_nodes", timeout=900
-    )
+def test_verify_shows_the_debian_13_hosts_image_beside_the_venv_hosts_environment(debian13_host: dict) -> None:
+    proc = make("verify", f"INVENTORY={debian13_host['inventory']}", timeout=900)
     assert proc.returncode == 0, deploy_failure_summary(proc)
     report = json.loads((REPORTS / "verify.json").read_text())
-    host = report["hosts"][HOST]
+    container, venv = report["hosts"][HOST], report["hosts"][VENV_HOST]
     records = [json.loads(p.read_text()) for p in (ROOT / "artifacts" / "images").glob("*.json")]
-    assert host["image"] in {r["id"] for r in records}, f"{host['image']} is not an image this machine archived"
-    assert host["os"].startswith("Debian GNU/Linux 13") and host["python"].startswith("3.11")
+    assert container["image"] in {r["id"] for r in records}, f"{container['image']} is not an image archived here"
+    assert container["os"].startswith("Debian GNU/Linux 13") and container["python"].startswith("3.11")
+    assert venv["image"] == "none" and venv["os"].startswith("Debian GNU/Linux 12")
+    # The same lock in both runtimes; each host held to its own runtime's group, so no drift.
+    assert container["lock"] == venv["lock"]
     assert report["problems"] == []
