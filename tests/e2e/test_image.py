@@ -65,7 +65,7 @@ def test_two_builds_in_two_stores_give_one_image_id_with_the_lock_and_no_weights
             "-c",
             "ls /wheels; command -v gcc cc || true; ls /opt/glmdeploy; python -c 'import vllm, glmdeploy'",
         )
-        assert listing.split() == ["smoke_tests", "venv"], listing
+        assert listing.split() == ["requirements.lock", "smoke_tests", "venv"], listing
     finally:  # only the second store's images, then its files (never `system reset`: it clears networks too)
         subprocess.run(
             [*image.podman_command(other), "image", "rm", "--all", "--force"], capture_output=True, check=False
