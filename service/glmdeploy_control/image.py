@@ -322,6 +322,9 @@ def smoke(
             shutil.copy2(layout["reports"] / file, reports / f"image-smoke-{profile}-{file}")
     if fingerprint.get("image") != found:
         raise ImageError(f"the fingerprint names image {fingerprint.get('image')!r}, not {found}")
+    # The mounted model, re-hashed from inside the image against its manifest.
+    if fingerprint.get("model_files") != "match manifest":
+        raise ImageError(f"the mounted model does not match its manifest: {fingerprint.get('model_files')}")
     if result["rc"] != 0:
         raise ImageError(f"the smoke suite failed in {name}:\n{result['tail']}")
     return {"image": name, "id": found, "smoke": result["summary"], "seconds": round(time.monotonic() - start)}
