@@ -18,6 +18,7 @@ import argparse
 import hashlib
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -52,11 +53,9 @@ def podman(*args: str, capture: bool = True, check: bool = True) -> subprocess.C
     """podman on the kit's store and configuration (never a pull: nothing is reachable)."""
     if not shutil.which("podman"):
         raise ImageError("podman is not installed: apt install podman buildah runc (as root)")
-    store = CACHE / "store"
-    cmd = [*podman_command(CACHE), *args]
-    env = {**os.environ, "CONTAINERS_CONF": str(IMAGES / "containers.conf"), "TMPDIR": str(store / "tmp")}
-    (store / "tmp").mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(cmd, env=env, text=True, capture_output=capture, check=False)
+    env = {**os.environ, **_podman_env()}
+    Path(env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([*podman_command(CACHE), *args], env=env, text=True, capture_output=capture, check=False)
     if check and proc.returncode != 0:
         raise ImageError(f"podman {' '.join(args[:2])} failed:\n{(proc.stderr or '')[-3000:]}")
     return proc
@@ -336,23 +335,15 @@ def _smoke_layout(tmp: Path) -> dict[str, Path]:
     for path in layout.values():
         path.mkdir(mode=0o755)
     (layout["state"] / "tmp").mkdir()
+    user = pwd.getpwnam(SMOKE_USER)  # its ids and primary group, as the launcher's `id -u`/`id -g` give them
     for path in (layout["state"], layout["state"] / "tmp", layout["reports"]):
-        shutil.chown(path, SMOKE_USER, SMOKE_USER if _has_group(SMOKE_USER) else "nogroup")
+        os.chown(path, user.pw_uid, user.pw_gid)
     tmp.chmod(0o755)
     return layout
 
 
-def _has_group(group: str) -> bool:
-    import grp
-
-    try:
-        grp.getgrnam(group)
-    except KeyError:
-        return False
-    return True
-
-
 def _podman_env() -> dict[str, str]:
+    """The kit's podman configuration and temporary directory (beside its store), for every podman it runs."""
     return {"CONTAINERS_CONF": str(IMAGES / "containers.conf"), "TMPDIR": str(CACHE / "store" / "tmp")}
 
 
