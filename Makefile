@@ -357,8 +357,17 @@ test: ## Everything CI runs: system packages, lint, lock re-resolve check, unit 
 	    echo "==> make $$phase (ran beside $(TEST_MAIN))"; cat reports/checks/$$phase.log; done; \
 	fi; $(PHASES) report; exit $$rc
 
+# The reference stack's wheels (other real versions of packages the cpu lock pins, tokenizers
+# 0.19.1 among them): the end-to-end deploy test installs one into a deployed environment, as an
+# admin's `pip install` would, and the next deploy must name and repair it.
+REFENV_WHEELHOUSE_MADE := $(ARTIFACTS)/wheelhouse/.$(REG_REFENV_WHEELHOUSE).made
+$(REFENV_WHEELHOUSE_MADE): $(REFENV_LOCK) $(TOOLS)/.stamp
+	$(TOOLS)/bin/python constraints/lock.py wheelhouse --profile tokenizer-ref --python $(CONTROL_PY) \
+	  --dest $(ARTIFACTS)/wheelhouse/$(REG_REFENV_WHEELHOUSE) --cache "$(WHEEL_CACHE)"
+	@touch $@
+
 # What the end-to-end tests and the unit tests both read, made once before they run side by side.
-test-inputs: tools $(REFENV_READY) fixture
+test-inputs: tools $(REFENV_READY) fixture $(REFENV_WHEELHOUSE_MADE)
 
 hosts: tools ## Create N (default 3) fresh systemd test hosts in network namespaces (DEBIAN13=K: the last K run Debian 13); writes their inventory
 	$(HOSTCTL) up $(N) --debian13 $(DEBIAN13)

@@ -14,7 +14,6 @@ import argparse
 import fcntl
 import hashlib
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -27,9 +26,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "service"))
 from glmdeploy_control import registry  # noqa: E402
 
+# How a lock is read and compared with an environment: shared with the node-side module that checks
+# an environment before a deploy trusts it (module_utils, stdlib only).
+sys.path.insert(0, str(HERE.parent / "module_utils"))
+import glmdeploy_environment as environment  # noqa: E402
+
 PROFILES = HERE / "profiles.toml"
-_REQ = re.compile(r"^([A-Za-z0-9_.\-]+)==([^\s;\\]+)")
-_HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
 
 
 class LockError(RuntimeError):
@@ -106,23 +108,10 @@ def parse_lock(path: Path) -> dict[str, tuple[str, set[str]]]:
     """Map normalised name -> (version, allowed sha256 set)."""
     if not path.exists():
         raise LockError(f"lock file {path} is missing: run `make lock`")
-    entries: dict[str, tuple[str, set[str]]] = {}
-    current: str | None = None
-    for raw in path.read_text().splitlines():
-        line = raw.strip()
-        m = _REQ.match(line)
-        if m:
-            current = normalise(m.group(1))
-            entries[current] = (m.group(2), set())
-        if current:
-            entries[current][1].update(_HASH.findall(line))
-        if not line.endswith("\\"):
-            current = None
-    return entries
+    return environment.parse_lock_text(path.read_text())
 
 
-def normalise(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+normalise = environment.normalise
 
 
 def uv() -> str:

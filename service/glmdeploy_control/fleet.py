@@ -20,8 +20,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-#: Installed alongside any venv, not part of a lock.
-VENV_SEED_PACKAGES = {"pip", "setuptools", "wheel"}
 FIELDS = (
     "os",
     "kernel",
@@ -78,18 +76,10 @@ def expected_for(fp: dict[str, Any], root: Path, model_root: Path) -> dict[str, 
 
 
 def package_drift(fp: dict[str, Any], root: Path) -> list[str]:
+    """The node's packages against its lock, phrased as the node-side check phrases them."""
     lock = _lock_module(root)
     pinned = {n: v for n, (v, _) in lock.parse_lock(lock.lock_path(fp["profile"], _minor(fp))).items()}
-    installed = {lock.normalise(n): v for n, v in fp.get("_package_versions", {}).items()}
-    drift = [
-        f"{n} {installed.get(n, 'missing')} (lock {v})" for n, v in sorted(pinned.items()) if installed.get(n) != v
-    ]
-    drift += [
-        f"{n} {v} (not in lock)"
-        for n, v in sorted(installed.items())
-        if n not in pinned and n not in VENV_SEED_PACKAGES
-    ]
-    return drift
+    return list(lock.environment.drift(pinned, fp.get("_package_versions", {})))
 
 
 def _failure(result: dict[str, Any]) -> str:

@@ -300,6 +300,7 @@ def make_vars(registry: Registry, python: str, control_python: str, detect: bool
         f"REG_FIXTURE_MODEL={registry.fixture_model()}",
         f"REG_TOOLS_LOCK={registry.lock_name('tools', control_python)}",
         f"REG_REFENV_LOCK={registry.lock_name('tokenizer-ref', control_python)}",
+        f"REG_REFENV_WHEELHOUSE={registry.wheelhouse_name('tokenizer-ref', control_python)}",
         f"REG_IMAGE_PY={registry.kit.image.python}",
     ]
     for name, profile in registry.profiles.items():

@@ -518,6 +518,50 @@ def test_service_memory_and_venv_size_are_reported(deployed):
     assert int(venv) > 500, f"venv measured at {venv} MiB: not the environment"
 
 
+def _pinned(package: str) -> str:
+    found = re.search(rf"^{package}==(\S+) ", (ROOT / "constraints" / "cpu-py311.txt").read_text(), re.MULTILINE)
+    assert found, f"{package} is not in the cpu lock"
+    return found.group(1)
+
+
+def _env_version(package: str) -> str:
+    code = f"from importlib.metadata import version; print(version({package!r}))"
+    return subprocess.run(
+        ["/opt/glmdeploy/current/env/bin/python", "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def test_package_changed_in_place_is_refused_without_repair_then_repaired_and_restarted(deployed):
+    """An admin's `pip install` of another tokenizers into the deployed environment (the reference
+    stack's real 0.19.1 wheel): with repair off the deploy names it and changes nothing; the next
+    deploy names it, puts the lock's wheel back, restarts the services and passes its smoke suite."""
+    wheel = next((ROOT / "artifacts" / "wheelhouse" / "tokenizer-ref-py311").glob("tokenizers-*.whl"))
+    other, locked = wheel.name.split("-")[1], _pinned("tokenizers")
+    assert other != locked
+    admin = ["/opt/glmdeploy/current/env/bin/python", "-m", "pip", "install", "-q", "--no-deps", "--no-index"]
+    subprocess.run([*admin, str(wheel)], check=True, env={**os.environ, "PIP_CONFIG_FILE": os.devnull})
+    assert _env_version("tokenizers") == other
+    named = f"tokenizers {other} (lock {locked})"
+    before = service_pids()
+    refused = make("deploy", "ANSIBLE_ARGS=-e python_env_repair=false")
+    _failed_with(refused)
+    said = re.sub(r"\s+", " ", refused.stdout + refused.stderr)
+    assert named in said and "Nothing was changed" in said and "python_env_repair" in said
+    assert _env_version("tokenizers") == other
+    _still_serving(deployed, before)
+    repaired = make("deploy")
+    assert repaired.returncode == 0, deploy_failure_summary(repaired)
+    said = re.sub(r"\s+", " ", repaired.stdout + repaired.stderr)
+    assert named in said and "repaired from the wheelhouse" in said
+    assert _env_version("tokenizers") == locked
+    after = service_pids()
+    for name, pid in after.items():
+        assert pid not in (0, before[name]), f"{name} was not restarted on the repaired environment"
+    assert "smoke:" in repaired.stdout
+    _generates(deployed)
+    FIGURES["deploy repairing an environment changed in place (s)"] = round(repaired.elapsed, 1)  # type: ignore[attr-defined]
+
+
 def test_release_failing_its_health_gate_returns_the_node_to_the_previous_release(deployed):
     """A release whose server cannot start (here: an engine flag this vLLM does not know) is
     switched in, crashes, and the node goes back to the release it ran, and serves again."""

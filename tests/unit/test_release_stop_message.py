@@ -20,6 +20,12 @@ TOOLS = ROOT / ".venv" / "tools"
 FAILURE = "smoke tests failed on h1:\n....F\nE   assert 0.22.1 == 0.23.3\n1 failed, 23 passed in 4.3s"
 CASES = {
     "unchanged": {"release_switching": False, "release_serving": False, "release_before": "r1"},
+    "repaired": {
+        "release_switching": False,
+        "release_serving": False,
+        "release_before": "r1",
+        "python_env_repaired": True,
+    },
     "first": {"release_switching": True, "release_serving": False, "release_before": ""},
     "returned": {"release_switching": True, "release_serving": True, "release_before": "r0"},
     "return_failed": {
@@ -84,6 +90,12 @@ def test_failure_of_an_unchanged_release_says_it_keeps_serving_in_one_line(messa
     assert "nothing was switched" in msg and "keeps serving it" in msg
     assert "smoke tests failed on h1: 1 failed, 23 passed" in msg and "assert 0.22.1" not in msg
     assert "had none before" not in msg
+    assert "its services were not restarted" in msg
+
+
+def test_failure_after_an_environment_repair_says_the_services_were_restarted(messages: dict[str, str]) -> None:
+    msg = messages["repaired"]
+    assert "its environment was repaired" in msg and "restarted on it" in msg and "keeps serving" not in msg
 
 
 def test_only_a_first_release_says_it_had_none_before(messages: dict[str, str]) -> None:
