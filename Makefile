@@ -80,7 +80,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: image image-smoke e2e-image test-inputs test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e e2e-node e2e-hosts test clean
+.PHONY: output-lock image image-smoke e2e-image test-inputs test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e e2e-node e2e-hosts test clean
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -253,6 +253,9 @@ bench: tools ## Benchmark this node's server (or URL=... MODEL=...); JSON + PNG 
 baseline: tools ## Record the throughput baseline of INVENTORY's first node (smoke_tests/baselines/<profile>-<class>.json)
 	ansible-playbook -i $(INVENTORY) playbooks/baseline.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 
+output-lock: tools ## Record the greedy outputs of INVENTORY's first node to the fixed prompt set (smoke_tests/outputs/<model>/<profile>-<class>.json)
+	ansible-playbook -i $(INVENTORY) playbooks/output_lock.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
+
 verify: tools ## Smoke suite + fingerprint on every node of INVENTORY, then one fleet table; non-zero on any drift
 	rm -rf $(REPORTS)/smoke
 	@# The fleet table is printed even when a node's smoke suite failed: it names what drifted.
@@ -263,7 +266,7 @@ verify: tools ## Smoke suite + fingerprint on every node of INVENTORY, then one 
 lint: tools ## ansible-lint (production profile), yamllint, ruff, mypy --strict on service/, playbook syntax check, role README tables up to date
 	yamllint -s .
 	ansible-lint --profile production --strict playbooks roles tests/scenarios
-	ansible-playbook -i playbooks/localhost.ini --syntax-check playbooks/site.yml playbooks/undeploy.yml playbooks/smoke.yml playbooks/driver.yml playbooks/baseline.yml playbooks/lb.yml playbooks/rollout.yml playbooks/rollback.yml playbooks/releases.yml playbooks/image_smoke.yml
+	ansible-playbook -i playbooks/localhost.ini --syntax-check playbooks/site.yml playbooks/undeploy.yml playbooks/smoke.yml playbooks/driver.yml playbooks/baseline.yml playbooks/output_lock.yml playbooks/lb.yml playbooks/rollout.yml playbooks/rollback.yml playbooks/releases.yml playbooks/image_smoke.yml
 	ruff check service smoke_tests tests constraints roles plugins library module_utils
 	$(TOOLS)/bin/mypy --config-file service/pyproject.toml service/glmdeploy service/glmdeploy_control module_utils tests/support/fixture_model
 	$(TOOLS)/bin/python tests/lint/role_docs.py --check

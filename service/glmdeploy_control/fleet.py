@@ -34,6 +34,7 @@ FIELDS = (
     "model_manifest",
     "model_files",
     "tokenizer_golden",
+    "outputs",
     "units",
     "dtype",
     "smoke",
@@ -90,6 +91,21 @@ def _failure(result: dict[str, Any]) -> str:
     return f"{name}: {first[:200]}"
 
 
+def _outputs(results: list[dict[str, Any]]) -> str:
+    """The output check's verdict from the smoke results: match, no recording (its skip reason), or
+    what changed (the first finding, which the check puts on its assertion's first line)."""
+    found = [r for r in results if "test_outputs.py::" in str(r.get("test", ""))]
+    if not found:
+        return "not checked"
+    result = found[0]
+    if result.get("outcome") == "passed":
+        return "match"
+    if result.get("outcome") == "skipped":
+        return str(result.get("reason", "skipped")).removeprefix("Skipped: ")
+    first = _failure(result).split(": ", 1)[-1].removeprefix("AssertionError: ")
+    return "changed: " + first.split(": ", 1)[-1]
+
+
 def build(reports: Path, root: Path, model_root: Path) -> dict[str, Any]:
     hosts: dict[str, dict[str, Any]] = {}
     for host_dir in sorted(p for p in reports.iterdir() if p.is_dir()):
@@ -101,6 +117,7 @@ def build(reports: Path, root: Path, model_root: Path) -> dict[str, Any]:
         c = smoke.get("counts", {})
         fp["smoke"] = f"{c.get('passed', 0)} passed, {c.get('failed', 0)} failed, {c.get('skipped', 0)} skipped"
         fp["_smoke_failures"] = [_failure(r) for r in smoke.get("results", []) if r.get("outcome") == "failed"]
+        fp["outputs"] = _outputs(smoke.get("results", []))
         hosts[host_dir.name] = fp
     problems: list[str] = []
     marks: dict[str, dict[str, str]] = {h: {} for h in hosts}
@@ -124,6 +141,8 @@ def build(reports: Path, root: Path, model_root: Path) -> dict[str, Any]:
         drift = package_drift(fp, root)
         if drift:
             marks[host]["packages"] = "not the lock: " + "; ".join(drift[:8]) + (" ..." if len(drift) > 8 else "")
+        if str(fp["outputs"]).startswith("changed"):
+            marks[host]["outputs"] = "the greedy outputs differ from their recording (smoke_tests/outputs/)"
         if " 0 failed" not in fp["smoke"]:
             marks[host]["smoke"] = "failed: " + " | ".join(fp.get("_smoke_failures") or ["see smoke.json"])
         problems += [f"{host}: {field}: {why}" for field, why in marks[host].items()]

@@ -160,6 +160,8 @@ def test_verify_passes_on_the_freshly_deployed_node(deployed):
     proc = make("verify")
     assert proc.returncode == 0, "make verify failed on a clean node"
     assert "| lock |" in proc.stdout and "All hosts identical and matching the lock." in proc.stdout
+    # Every deploy of this run so far compared its greedy outputs with the recording (its smoke suite).
+    assert "| outputs | match |" in proc.stdout
     assert (REPORTS / "verify.json").exists()
     FIGURES["make verify, 1 host (s)"] = round(proc.elapsed, 1)
 

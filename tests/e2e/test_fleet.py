@@ -873,3 +873,57 @@ def test_verify_names_host_and_field_for_each_kind_of_drift(fleet):
     assert not missing, f"verify did not name: {missing}\n{text[-3000:]}"
     wrong = [f"{h}: dtype" for h in CPU_HOSTS] + [f"{GPU}: packages"]
     assert not [w for w in wrong if w in text], "drift blamed on the wrong host"
+
+
+# The output layer of the placed model negated on one node, and the node's SHA256SUMS rewritten to
+# match: every file passes its check on the node, the tokenizer is the same; only the control
+# node's manifest and what the model now says show it is not the model deployed.
+NEGATED_OUTPUT_LAYER = """
+import json, sys
+from pathlib import Path
+from safetensors.numpy import load_file, save_file
+model = Path(sys.argv[1])
+name = 'transformer.output_layer.weight'
+shard = model / json.loads((model / 'model.safetensors.index.json').read_text())['weight_map'][name]
+tensors = load_file(shard)
+tensors[name] = -tensors[name]
+save_file(tensors, shard, metadata={'format': 'pt'})
+print(shard.name)
+"""
+
+
+def test_verify_names_a_changed_greedy_output_on_one_host_and_a_deploy_puts_the_model_back(fleet):
+    """make verify names the host whose model says something else (greedy outputs against their
+    recording in smoke_tests/outputs/) and its manifest, and no other host; the next deploy names
+    the changed file, replaces it from the control node and restarts the server on it."""
+    on_first_releases(fleet)
+    model = node_json(CPU)["model_dir"]
+    env = "/opt/glmdeploy/current/env/bin/python"
+    changed = on_host(
+        CPU,
+        f"{env} - {model} <<'PY'\n{NEGATED_OUTPUT_LAYER}\nPY\n"
+        f"cd /tmp && /opt/glmdeploy/current/venv/bin/python -m glmdeploy.manifest write {model} >/dev/null && "
+        "systemctl restart glmdeploy-vllm_server",
+    )
+    assert changed.returncode == 0, changed.stderr
+    shard = changed.stdout.strip()
+    repaired = None
+    try:
+        assert node_generates(CPU), "the server did not come back on the changed model"
+        verified = make("verify", f"INVENTORY={fleet['inventory']}", timeout=600)
+        problems = [line for line in verified.stdout.splitlines() if line.startswith("- (!) ")]
+        assert verified.returncode != 0, "make verify passed on a node whose model says something else"
+        assert any(f"{CPU}: outputs: the greedy outputs differ" in p for p in problems), problems
+        assert any(f"{CPU}: model_manifest: " in p and "(expected " in p for p in problems), problems
+        assert any(f"{CPU}: smoke: " in p and "greedy output differs from token 0" in p for p in problems), problems
+        assert not [p for p in problems if not p.startswith(f"- (!) {CPU}: ")], "drift blamed on another host"
+        before = on_host(CPU, "systemctl show -p MainPID --value glmdeploy-vllm_server").stdout.strip()
+        repaired = make("deploy", f"INVENTORY={fleet['inventory']}", timeout=900)
+        assert repaired.returncode == 0, deploy_failure_summary(repaired)
+        said = re.sub(r"\s+", " ", repaired.stdout)
+        assert f"model files on {CPU} differ from their manifest in {model}: {shard} (and the node's SHA256SUMS" in said
+        after = on_host(CPU, "systemctl show -p MainPID --value glmdeploy-vllm_server").stdout.strip()
+        assert after != before, "the server was not restarted on the model put back"
+    finally:
+        if repaired is None:  # the model put back for the tests after this one, whatever failed above
+            make("deploy", f"INVENTORY={fleet['inventory']}", timeout=900)

@@ -131,3 +131,36 @@ def test_mixed_fleet_holds_each_profile_to_its_own_lock(fleet):
     shutil.copy(reports / "node2" / "smoke.json", reports / "node4" / "smoke.json")
     edit(reports, "node4", units="g-units-edited")
     assert build(reports, ROOT, models)["problems"] == ["node4: units: differs from other gpu-cu121 hosts"]
+
+
+def _smoke(reports, host, outcome, **extra):
+    test = "smoke_tests/test_outputs.py::test_greedy_outputs_match_the_recording"
+    result = {"test": test, "outcome": outcome, **extra}
+    counts = {"passed": 20, "failed": int(outcome == "failed"), "skipped": int(outcome == "skipped")}
+    (reports / host / "smoke.json").write_text(json.dumps({"counts": counts, "results": [result]}))
+
+
+def test_changed_greedy_output_on_one_host_is_named_and_the_others_match(fleet):
+    reports, models = fleet
+    _smoke(reports, "node1", "passed")
+    message = (
+        "def test_greedy_outputs_match_the_recording(...):\n"
+        "E   AssertionError: greedy outputs differ from chatglm3-fixture/cpu-cpu2.json: plain_en: greedy output"
+        " differs from token 3: recorded ' a b', now ' c d'\nE   assert not [...]"
+    )
+    _smoke(reports, "node2", "failed", message=message)
+    report = build(reports, ROOT, models)
+    assert report["hosts"]["node1"]["outputs"] == "match"
+    assert report["hosts"]["node2"]["outputs"] == (
+        "changed: plain_en: greedy output differs from token 3: recorded ' a b', now ' c d'"
+    )
+    assert [p.split(":")[:2] for p in report["problems"]] == [["node2", " outputs"], ["node2", " smoke"]]
+
+
+def test_a_class_without_recording_is_said_in_the_table_without_failing_verify(fleet):
+    reports, models = fleet
+    for host in ("node1", "node2"):
+        _smoke(reports, host, "skipped", reason="Skipped: no output recording for chatglm3-fixture on cpu-a10x1")
+    report = build(reports, ROOT, models)
+    assert report["hosts"]["node1"]["outputs"] == "no output recording for chatglm3-fixture on cpu-a10x1"
+    assert report["problems"] == []

@@ -32,6 +32,7 @@ SCRIPTS = {
     "glmdeploy-chat": "glmdeploy.chat:main",
     "glmdeploy-bench": "glmdeploy.bench:main",
     "glmdeploy-golden": "glmdeploy.golden:main",
+    "glmdeploy-outputs": "glmdeploy.outputs:main",
     "glmdeploy-fingerprint": "glmdeploy.fingerprint:main",
     "glmdeploy-procguard": "glmdeploy.procguard:main",
     "glmdeploy-ui": "glmdeploy.ui_launch:main",

@@ -24,7 +24,7 @@ CASES = {
         "release_switching": False,
         "release_serving": False,
         "release_before": "r1",
-        "python_env_repaired": True,
+        "release_repaired": True,
     },
     "first": {"release_switching": True, "release_serving": False, "release_before": ""},
     "returned": {"release_switching": True, "release_serving": True, "release_before": "r0"},
@@ -95,7 +95,7 @@ def test_failure_of_an_unchanged_release_says_it_keeps_serving_in_one_line(messa
 
 def test_failure_after_an_environment_repair_says_the_services_were_restarted(messages: dict[str, str]) -> None:
     msg = messages["repaired"]
-    assert "its environment was repaired" in msg and "restarted on it" in msg and "keeps serving" not in msg
+    assert "model files were put back in place" in msg and "restarted on them" in msg and "keeps serving" not in msg
 
 
 def test_only_a_first_release_says_it_had_none_before(messages: dict[str, str]) -> None:

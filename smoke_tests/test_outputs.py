@@ -1,0 +1,43 @@
+"""The served model must say what it said when its outputs were recorded: greedy, to a fixed prompt set.
+
+An engine or library upgrade can change what the model answers while the tokenizer stays the same;
+glmdeploy.outputs says how outputs are compared (a near tie ends a prompt's comparison, any other
+difference is a change). Recordings live in outputs/<model>/<profile>-<hardware class>.json.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from glmdeploy import outputs
+from glmdeploy.client import ApiClient
+from glmdeploy.config import NodeConfig
+from glmdeploy.prompt import PromptBuilder
+
+RECORDINGS = Path(__file__).with_name("outputs")
+
+
+def test_greedy_outputs_match_the_recording(client: ApiClient, node: NodeConfig, builder: PromptBuilder) -> None:
+    path = outputs.recording_path(RECORDINGS, node)
+    if not path.exists():
+        pytest.skip(
+            f"no output recording for {node.model_name} on {path.stem} (outputs/{node.model_name}/{path.name}): "
+            "record one with `make output-lock`"
+        )
+    golden = json.loads(path.read_text(encoding="utf-8"))
+    assert node.max_model_len >= golden["max_model_len"], (
+        f"the node serves a context of {node.max_model_len} tokens, {path.name} was recorded at"
+        f" {golden['max_model_len']} (its longest prompt needs it): serve that context again, or record anew"
+        " with `make output-lock`"
+    )
+    found = outputs.compare(golden, outputs.record(node, client, builder, golden["max_model_len"]))
+    # First line names the first change (the fleet table shows it); every finding follows.
+    assert not found.changed, (
+        f"greedy outputs differ from {node.model_name}/{path.name}: {found.changed[0]}\n"
+        + "\n".join(found.changed + found.near_ties)
+        + "\nfix: find what changed (`make verify` lists the lock, model and tokenizer); if the new outputs are"
+        " intended, record them with `make output-lock`"
+    )
