@@ -43,6 +43,8 @@ REFENV_LOCK := constraints/$(REG_REFENV_LOCK)
 REPORTS   ?= reports
 export GLMDEPLOY_REPORTS := $(abspath $(REPORTS))
 INVENTORY ?= playbooks/localhost.ini
+# How long `make soak` loads each node (90s, 3m, 72h).
+DURATION  ?= 3m
 ANSIBLE_ARGS ?=
 WHEELHOUSE = $(ARTIFACTS)/wheelhouse/$(REG_WHEELHOUSE.$(PROFILE))
 N         ?= 3
@@ -63,6 +65,9 @@ MODEL     ?= $(REG_SERVED_MODEL)
 # make rollout: nodes per batch, and the share of a batch that may fail before it stops (percent).
 ROLLOUT_SERIAL   ?= 1
 ROLLOUT_MAX_FAIL ?= 0
+# A duration (e.g. 10m): each batch's first upgraded node must pass a soak of it before the
+# rollout goes on; empty: no soak.
+ROLLOUT_SOAK     ?=
 BENCH_ARGS ?=
 # make deploy / rollout serve artifacts/ (wheelhouse, environment packs) to the inventory's other
 # machines for the length of the run, on the address each node is routed to (0: a free port).
@@ -80,7 +85,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: output-lock image image-smoke e2e-image test-inputs test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e e2e-node e2e-hosts test clean
+.PHONY: soak output-lock image image-smoke e2e-image test-inputs test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e e2e-node e2e-hosts test clean
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -218,9 +223,10 @@ undrain: tools ## Put HOST back behind the load balancer
 	@test -n "$(HOST)" || { echo "error: HOST=<inventory name of a node> is required"; exit 2; }
 	$(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/lb.yml -e '{"load_balancer_undrain": ["$(HOST)"]}' $(ANSIBLE_ARGS)
 
-rollout: tools $(REFENV_READY) fixture ## Upgrade the fleet one node at a time out of the balancer (ROLLOUT_SERIAL=1, ROLLOUT_MAX_FAIL=0); a failing node returns to its previous release
+rollout: tools $(REFENV_READY) fixture ## Upgrade the fleet one node at a time out of the balancer (ROLLOUT_SERIAL=1, ROLLOUT_MAX_FAIL=0, ROLLOUT_SOAK=10m: soak each batch's first node); a failing node returns to its previous release
 	@rc=0; $(SERVE_ARTIFACTS) ansible-playbook -i $(INVENTORY) playbooks/rollout.yml $(FORCE_PROFILE) \
-	  -e rollout_serial=$(ROLLOUT_SERIAL) -e rollout_max_fail_percentage=$(ROLLOUT_MAX_FAIL) $(ANSIBLE_ARGS) || rc=$$?; \
+	  -e rollout_serial=$(ROLLOUT_SERIAL) -e rollout_max_fail_percentage=$(ROLLOUT_MAX_FAIL) -e rollout_soak=$(ROLLOUT_SOAK) \
+	  $(ANSIBLE_ARGS) || rc=$$?; \
 	  $(MAKE) --no-print-directory releases; exit $$rc
 
 rollback: tools ## Return every node (or HOST=node) to its previous release, one at a time out of the balancer
@@ -253,6 +259,13 @@ bench: tools ## Benchmark this node's server (or URL=... MODEL=...); JSON + PNG 
 baseline: tools ## Record the throughput baseline of INVENTORY's first node (smoke_tests/baselines/<profile>-<class>.json)
 	ansible-playbook -i $(INVENTORY) playbooks/baseline.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 
+soak: tools ## A bounded mixed load on every node of INVENTORY for DURATION (default 3m; 72h for GPU nodes), judged against its gates; reports and plots in reports/soak/
+	rm -rf $(REPORTS)/soak
+	@rc=0; ansible-playbook -i $(INVENTORY) playbooks/soak.yml -e smoke_soak_duration=$(DURATION) \
+	  $(FORCE_PROFILE) $(ANSIBLE_ARGS) || rc=$$?; \
+	  for report in $(REPORTS)/soak/*/soak.json; do test -f $$report || continue; \
+	    $(TOOLS)/bin/python -m glmdeploy.soak plot --json $$report --out $$(dirname $$report); done; exit $$rc
+
 output-lock: tools ## Record the greedy outputs of INVENTORY's first node to the fixed prompt set (smoke_tests/outputs/<model>/<profile>-<class>.json)
 	ansible-playbook -i $(INVENTORY) playbooks/output_lock.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 
@@ -266,7 +279,7 @@ verify: tools ## Smoke suite + fingerprint on every node of INVENTORY, then one 
 lint: tools ## ansible-lint (production profile), yamllint, ruff, mypy --strict on service/, playbook syntax check, role README tables up to date
 	yamllint -s .
 	ansible-lint --profile production --strict playbooks roles tests/scenarios
-	ansible-playbook -i playbooks/localhost.ini --syntax-check playbooks/site.yml playbooks/undeploy.yml playbooks/smoke.yml playbooks/driver.yml playbooks/baseline.yml playbooks/output_lock.yml playbooks/lb.yml playbooks/rollout.yml playbooks/rollback.yml playbooks/releases.yml playbooks/image_smoke.yml
+	ansible-playbook -i playbooks/localhost.ini --syntax-check playbooks/site.yml playbooks/undeploy.yml playbooks/smoke.yml playbooks/driver.yml playbooks/baseline.yml playbooks/output_lock.yml playbooks/soak.yml playbooks/lb.yml playbooks/rollout.yml playbooks/rollback.yml playbooks/releases.yml playbooks/image_smoke.yml
 	ruff check service smoke_tests tests constraints roles plugins library module_utils
 	$(TOOLS)/bin/mypy --config-file service/pyproject.toml service/glmdeploy service/glmdeploy_control module_utils tests/support/fixture_model
 	$(TOOLS)/bin/python tests/lint/role_docs.py --check

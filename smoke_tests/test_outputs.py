@@ -8,6 +8,7 @@ difference is a change). Recordings live in outputs/<model>/<profile>-<hardware 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,8 @@ RECORDINGS = Path(__file__).with_name("outputs")
 
 
 def test_greedy_outputs_match_the_recording(client: ApiClient, node: NodeConfig, builder: PromptBuilder) -> None:
+    if os.environ.get("SMOKE_OUTPUTS_CHECK", "true") == "false":
+        pytest.skip("the output check is off for this run (smoke_outputs_check=false): record with `make output-lock`")
     path = outputs.recording_path(RECORDINGS, node)
     if not path.exists():
         pytest.skip(

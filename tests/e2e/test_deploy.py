@@ -520,6 +520,27 @@ def test_service_memory_and_venv_size_are_reported(deployed):
     assert int(venv) > 500, f"venv measured at {venv} MiB: not the environment"
 
 
+def test_soak_of_three_minutes_passes_its_gates_with_report_and_plot(deployed):
+    """make soak: a mixed load for 3 minutes; every 30 s window served requests and measured the
+    server's memory; no request failed, no memory growth, no latency drift; a plot is drawn."""
+    proc = make("soak", "DURATION=3m")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    report = json.loads((REPORTS / "soak" / "localhost" / "soak.json").read_text())
+    assert report["passed"] and [g["gate"] for g in report["verdict"] if g["passed"]] == [
+        "failed requests",
+        "memory slope (MB/h)",
+        "TTFT p95 drift",
+    ]
+    assert len(report["windows"]) == 6 and all(w["requests"] > 0 and w["service_mb"] for w in report["windows"])
+    assert (REPORTS / "soak" / "localhost" / "soak.png").stat().st_size > 10_000
+    slope = next(g["value"] for g in report["verdict"] if g["gate"] == "memory slope (MB/h)")
+    FIGURES["make soak DURATION=3m: requests, memory slope (MB/h), TTFT p95 drift"] = [
+        sum(w["requests"] for w in report["windows"]),
+        slope,
+        next(g["value"] for g in report["verdict"] if g["gate"] == "TTFT p95 drift"),
+    ]
+
+
 def _pinned(package: str) -> str:
     found = re.search(rf"^{package}==(\S+) ", (ROOT / "constraints" / "cpu-py311.txt").read_text(), re.MULTILINE)
     assert found, f"{package} is not in the cpu lock"

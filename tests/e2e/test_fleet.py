@@ -727,6 +727,55 @@ def test_rollout_with_a_model_that_cannot_load_stops_with_that_node_back_and_ser
     assert load.failed == 0, f"{load.failed} of {load.sent} user requests failed during the failed rollout"
 
 
+# A test-only process that grows by 4 MB a second (14 GB an hour if it ran that long), marked as a
+# process of the model server's runs the way glmdeploy.procguard marks them: the soak counts it as
+# the server's memory. It is started once the soak runs (a restart of the server stops processes
+# of earlier runs) and ends by itself after LEAK_S.
+LEAK_S = 120
+LEAKER = (
+    "GLMDEPLOY_SERVICE=vllm_server GLMDEPLOY_SERVICE_RUN=leak-drill nohup python3 -c "
+    f"'import time\nheld = []\nfor _ in range({LEAK_S}):\n    held.append(bytearray(4 << 20)); time.sleep(1)' "
+    ">/dev/null 2>&1 &"
+)
+
+
+def _leak_when_the_soak_starts(host: str, stop: threading.Event) -> None:
+    while not stop.is_set():
+        if on_host(host, "pgrep -f 'glmdeploy.soak run'").returncode == 0:
+            on_host(host, LEAKER)
+            return
+        stop.wait(2)
+
+
+@pytest.mark.drill
+def test_rollout_soak_fails_on_a_leaking_node_returns_it_and_stops_the_rollout(fleet, tmp_path):
+    """ROLLOUT_SOAK: the first batch's node soaks its new release before the rollout goes on; memory
+    that grows fails the soak's memory gate, the release is marked failed, the node goes back to
+    the release before and serves, and no other node is touched."""
+    on_first_releases(fleet)
+    first = HOSTS[0]
+    before = {host: releases_of(host) for host in HOSTS}
+    stop = threading.Event()
+    leak = threading.Thread(target=_leak_when_the_soak_starts, args=(first, stop), daemon=True)
+    leak.start()
+    try:
+        proc = rollout(fleet, tmp_path, rollout_soak="90s", smoke_soak_args=["--window", "20s"])
+    finally:
+        stop.set()
+        on_host(first, "pkill -f 'GLMDEPLOY_SERVICE_RUN=leak-drill' ; pkill -f 'bytearray(4 << 20)'")
+    said = re.sub(r"\s+", " ", proc.stdout)
+    assert proc.returncode != 0, "a rollout whose soak saw the server's memory grow went on"
+    assert f"failed its soak on {first}" in said and "FAIL: memory slope (MB/h)" in said, said[-3000:]
+    assert f"the node is back on release {before[first]['current']}" in said
+    after = {host: releases_of(host) for host in HOSTS}
+    assert after[first]["current"] == before[first]["current"]
+    known = {r["id"] for r in before[first]["releases"]}
+    assert [r["state"] for r in after[first]["releases"] if r["id"] not in known] == ["failed"]
+    assert all(after[h] == before[h] for h in HOSTS[1:]), "the rollout went on past the node that failed its soak"
+    assert (REPORTS / "soak" / first / "soak.json").exists()
+    assert drained_nodes() == [] and node_generates(first)
+
+
 @pytest.mark.drill
 def test_tampered_wheel_aborts_the_rollout_before_any_switch(fleet, tmp_path):
     house = ROOT / "artifacts" / "wheelhouse" / "drill-tampered"

@@ -33,6 +33,7 @@ SCRIPTS = {
     "glmdeploy-bench": "glmdeploy.bench:main",
     "glmdeploy-golden": "glmdeploy.golden:main",
     "glmdeploy-outputs": "glmdeploy.outputs:main",
+    "glmdeploy-soak": "glmdeploy.soak:main",
     "glmdeploy-fingerprint": "glmdeploy.fingerprint:main",
     "glmdeploy-procguard": "glmdeploy.procguard:main",
     "glmdeploy-ui": "glmdeploy.ui_launch:main",
