@@ -313,7 +313,7 @@ def write_inventory(names: list[str], key: Path, suites: dict[str, str] | None =
         "# The hosts share this machine's CPUs: one throughput check at a time, and vLLM's CPU",
         "# workers not pinned (each host would pin its worker to core 0: three workers on one core).",
         "smoke_throttle=1",
-        "vllm_server_extra_env=\"{{ glmdeploy_registry.profiles[glmdeploy_profile].runtime.extra_env"
+        'vllm_server_extra_env="{{ glmdeploy_registry.profiles[glmdeploy_profile].runtime.extra_env'
         " | combine({'VLLM_CPU_OMP_THREADS_BIND': 'nobind'}) }}\"",
         "# Served on the bridge, behind the balancer on the first host: the API then requires the key.",
         "vllm_server_host={{ ansible_host }}",
