@@ -924,18 +924,20 @@ def test_verify_names_host_and_field_for_each_kind_of_drift(fleet):
     assert not [w for w in wrong if w in text], "drift blamed on the wrong host"
 
 
-# The output layer of the placed model negated on one node, and the node's SHA256SUMS rewritten to
-# match: every file passes its check on the node, the tokenizer is the same; only the control
-# node's manifest and what the model now says show it is not the model deployed.
-NEGATED_OUTPUT_LAYER = """
+# The rows of the placed model's output layer shifted by one on one node (each token gets its
+# neighbour's logit: the model still answers, with other tokens), and the node's SHA256SUMS
+# rewritten to match: every file passes its check on the node, the tokenizer is the same; only the
+# control node's manifest and what the model now says show it is not the model deployed.
+SHIFTED_OUTPUT_LAYER = """
 import json, sys
+import numpy as np
 from pathlib import Path
 from safetensors.numpy import load_file, save_file
 model = Path(sys.argv[1])
 name = 'transformer.output_layer.weight'
 shard = model / json.loads((model / 'model.safetensors.index.json').read_text())['weight_map'][name]
 tensors = load_file(shard)
-tensors[name] = -tensors[name]
+tensors[name] = np.roll(tensors[name], 1, axis=0)
 save_file(tensors, shard, metadata={'format': 'pt'})
 print(shard.name)
 """
@@ -950,7 +952,7 @@ def test_verify_names_a_changed_greedy_output_on_one_host_and_a_deploy_puts_the_
     env = "/opt/glmdeploy/current/env/bin/python"
     changed = on_host(
         CPU,
-        f"{env} - {model} <<'PY'\n{NEGATED_OUTPUT_LAYER}\nPY\n"
+        f"{env} - {model} <<'PY'\n{SHIFTED_OUTPUT_LAYER}\nPY\n"
         f"cd /tmp && /opt/glmdeploy/current/venv/bin/python -m glmdeploy.manifest write {model} >/dev/null && "
         "systemctl restart glmdeploy-vllm_server",
     )
@@ -964,7 +966,7 @@ def test_verify_names_a_changed_greedy_output_on_one_host_and_a_deploy_puts_the_
         assert verified.returncode != 0, "make verify passed on a node whose model says something else"
         assert any(f"{CPU}: outputs: the greedy outputs differ" in p for p in problems), problems
         assert any(f"{CPU}: model_manifest: " in p and "(expected " in p for p in problems), problems
-        assert any(f"{CPU}: smoke: " in p and "greedy output differs from token 0" in p for p in problems), problems
+        assert any(f"{CPU}: smoke: " in p and "greedy output differs from token" in p for p in problems), problems
         assert not [p for p in problems if not p.startswith(f"- (!) {CPU}: ")], "drift blamed on another host"
         before = on_host(CPU, "systemctl show -p MainPID --value glmdeploy-vllm_server").stdout.strip()
         repaired = make("deploy", f"INVENTORY={fleet['inventory']}", timeout=900)
