@@ -939,6 +939,7 @@ shard = model / json.loads((model / 'model.safetensors.index.json').read_text())
 tensors = load_file(shard)
 tensors[name] = np.roll(tensors[name], 1, axis=0)
 save_file(tensors, shard, metadata={'format': 'pt'})
+shard.chmod(0o444)  # as the kit places model files (save_file writes a new file, 0600)
 print(shard.name)
 """
 
