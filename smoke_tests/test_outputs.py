@@ -37,10 +37,12 @@ def test_greedy_outputs_match_the_recording(client: ApiClient, node: NodeConfig,
         " with `make output-lock`"
     )
     found = outputs.compare(golden, outputs.record(node, client, builder, golden["max_model_len"]))
-    # First line names the first change (the fleet table shows it); every finding follows.
+    # Short, first line first: the node's smoke report keeps the end of a failure's text, and the
+    # fleet table shows this first line.
+    names = [line.split(":", 1)[0] for line in found.changed]
     assert not found.changed, (
         f"greedy outputs differ from {node.model_name}/{path.name}: {found.changed[0]}\n"
-        + "\n".join(found.changed + found.near_ties)
-        + "\nfix: find what changed (`make verify` lists the lock, model and tokenizer); if the new outputs are"
+        f"{len(names)} of {len(golden['outputs'])} prompts differ: {', '.join(names)}\n"
+        "fix: find what changed (`make verify` lists the lock, model and tokenizer); if the new outputs are"
         " intended, record them with `make output-lock`"
     )

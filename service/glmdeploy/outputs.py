@@ -132,9 +132,10 @@ def record(
 
 
 def _continuation(tokens: list[str], start: int) -> str:
-    """What follows a position, readable: SentencePiece's word marker as a space, cut at 60 characters."""
-    text = "".join(tokens[start:]).replace("\u2581", " ")
-    return text if len(text) <= 60 else text[:57] + "..."
+    """The tokens from a position on, as the server spelled them (the first eight): a token's text
+    alone cannot be joined back into the reply (byte pieces, word markers), a list shows each."""
+    shown = tokens[start : start + 8]
+    return repr(shown)[:-1] + (", ...]" if len(tokens) > start + 8 else "]")
 
 
 @dataclass
@@ -165,7 +166,7 @@ def compare(golden: dict[str, Any], current: dict[str, Any]) -> Comparison:
 
 def _differs(name: str, i: int, recorded: list[str], now: list[str]) -> str:
     was, now_text = _continuation(recorded, i), _continuation(now, i)
-    return f"{name}: greedy output differs from token {i}: recorded {was!r}, now {now_text!r}"
+    return f"{name}: greedy output differs from token {i}: recorded {was}, now {now_text}"
 
 
 def _compare_tokens(name: str, want: dict[str, Any], got: dict[str, Any], result: Comparison) -> None:

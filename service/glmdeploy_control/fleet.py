@@ -14,6 +14,7 @@ import functools
 import hashlib
 import importlib.util
 import json
+import re
 import sys
 import time
 from collections import Counter
@@ -102,8 +103,9 @@ def _outputs(results: list[dict[str, Any]]) -> str:
         return "match"
     if result.get("outcome") == "skipped":
         return str(result.get("reason", "skipped")).removeprefix("Skipped: ")
-    first = _failure(result).split(": ", 1)[-1].removeprefix("AssertionError: ")
-    return "changed: " + first.split(": ", 1)[-1]
+    first = _failure(result)
+    marker = re.search(r"greedy outputs differ from \S+: ", first)
+    return "changed: " + (first[marker.end() :] if marker else first.split(": ", 1)[-1])
 
 
 def build(reports: Path, root: Path, model_root: Path) -> dict[str, Any]:

@@ -973,7 +973,7 @@ def test_verify_names_a_changed_greedy_output_on_one_host_and_a_deploy_puts_the_
         repaired = make("deploy", f"INVENTORY={fleet['inventory']}", timeout=900)
         assert repaired.returncode == 0, deploy_failure_summary(repaired)
         said = re.sub(r"\s+", " ", repaired.stdout)
-        assert f"model files on {CPU} differ from their manifest in {model}: {shard} (and the node's SHA256SUMS" in said
+        assert f"differ from their manifest in {model}: {shard} (with the SHA256SUMS on the node rewritten" in said
         after = on_host(CPU, "systemctl show -p MainPID --value glmdeploy-vllm_server").stdout.strip()
         assert after != before, "the server was not restarted on the model put back"
     finally:

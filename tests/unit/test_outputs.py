@@ -33,7 +33,9 @@ def test_a_changed_token_names_prompt_position_and_both_continuations():
     golden = _golden(a=_output(["\u2581The", "\u2581cat", "\u2581sat"]))
     now = _golden(a=_output(["\u2581The", "\u2581dog", "\u2581ran"]))
     found = outputs.compare(golden, now)
-    assert found.changed == ["a: greedy output differs from token 1: recorded ' cat sat', now ' dog ran'"]
+    assert found.changed == [
+        "a: greedy output differs from token 1: recorded ['\u2581cat', '\u2581sat'], now ['\u2581dog', '\u2581ran']"
+    ]
 
 
 def test_a_near_tie_ends_the_comparison_without_a_finding():
