@@ -362,9 +362,10 @@ def test_rehearsal_smoke_suite_passes_and_says_why_gpu_checks_skip(fleet):
     assert report, f"the fleet's deploy left no {REPORTS}/smoke/{GPU}/smoke.json"
     assert report["counts"]["failed"] == 0, [r for r in report["results"] if r["outcome"] == "failed"]
     skipped = [r for r in report["results"] if r["outcome"] == "skipped"]
-    assert skipped and all(
-        "no GPU on this node, on purpose" in r.get("reason", "") or "baseline" in r.get("reason", "") for r in skipped
-    ), skipped
+    # The GPU checks (on purpose), the throughput baseline and the output check (the stand-in does
+    # no model math: its outputs are not the model's, so no recording is kept) skip, each saying why.
+    reasons = ("no GPU on this node, on purpose", "baseline", "no output recording for chatglm3-rehearsal")
+    assert skipped and all(any(why in r.get("reason", "") for why in reasons) for r in skipped), skipped
     assert report["counts"]["passed"] >= 15
 
 
@@ -944,6 +945,7 @@ print(shard.name)
 """
 
 
+@pytest.mark.drill
 def test_verify_names_a_changed_greedy_output_on_one_host_and_a_deploy_puts_the_model_back(fleet):
     """make verify names the host whose model says something else (greedy outputs against their
     recording in smoke_tests/outputs/) and its manifest, and no other host; the next deploy names
