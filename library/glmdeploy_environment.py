@@ -29,10 +29,10 @@ short_description: Check a venv against its hash-locked requirements file; reins
 options:
   venv: {description: the virtual environment on the node, type: path, required: true}
   lock: {description: >-
-      the lock on the node; omitted, the venv may hold only C(allowed) (a release's own venv, which sees
+      the lock on the node; omitted, the venv may hold only C(allowed) and pip's seeds (a release's own venv, which sees
       the lock's environment through a .pth file), type: path}
-  allowed: {description: names the venv may hold besides the lock, at any version, type: list, elements: str,
-            default: [pip, setuptools, wheel]}
+  allowed: {description: names the venv may hold at any version besides the lock and pip's own seed packages
+            (pip, setuptools, wheel), type: list, elements: str, default: []}
   find_links: {description: the wheelhouse (directory or URL) a repair installs from, type: str}
   repair: {description: put the lock back in place; false fails naming the differences and changes nothing,
            type: bool, default: true}
@@ -62,10 +62,12 @@ def _pip(module: AnsibleModule, venv: Path, args: list[str], what: str) -> None:
         module.fail_json(msg=f"{what} in {venv} failed: {tail}")
 
 
-def _reinstall(module: AnsibleModule, venv: Path, lock_text: str, names: set[str], find_links: str) -> None:
-    """The lock's own lines for `names`, installed again from the wheelhouse (hashes required)."""
+def _reinstall(
+    module: AnsibleModule, venv: Path, entries: dict[str, tuple[str, set[str]]], names: set[str], find_links: str
+) -> None:
+    """The lock's pins and hashes for `names`, installed again from the wheelhouse (hashes required)."""
     with tempfile.NamedTemporaryFile("w", suffix=".txt", dir=venv.parent, delete=False) as req:
-        req.write(environment.lock_requirements(lock_text, names))
+        req.write(environment.lock_requirements(entries, names))
     source = ["--no-index", "--find-links", find_links]
     if find_links.startswith("http://"):
         source += ["--trusted-host", find_links.split("/")[2]]
@@ -92,16 +94,16 @@ def main() -> None:
         argument_spec={
             "venv": {"type": "path", "required": True},
             "lock": {"type": "path"},
-            "allowed": {"type": "list", "elements": "str", "default": sorted(environment.VENV_SEED_PACKAGES)},
+            "allowed": {"type": "list", "elements": "str", "default": []},
             "find_links": {"type": "str"},
             "repair": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
     )
     venv = Path(module.params["venv"])
-    lock_text = Path(module.params["lock"]).read_text() if module.params["lock"] else ""
-    pinned = {n: v for n, (v, _) in environment.parse_lock_text(lock_text).items()}
-    allowed = frozenset(environment.normalise(n) for n in module.params["allowed"])
+    entries = environment.parse_lock_text(Path(module.params["lock"]).read_text() if module.params["lock"] else "")
+    pinned = {n: v for n, (v, _) in entries.items()}
+    allowed = environment.VENV_SEED_PACKAGES | {environment.normalise(n) for n in module.params["allowed"]}
     if not (venv / "bin" / "python").exists():
         module.exit_json(changed=False, drift=[], reinstalled=[], removed=[], msg=f"{venv} is not built yet")
     installed, found = _state(venv, pinned, allowed)
@@ -120,12 +122,12 @@ def main() -> None:
     if module.check_mode:
         module.warn(f"{named}; a deploy puts the lock back from the wheelhouse")
         module.exit_json(changed=True, **result)
-    if remove:
-        _pip(module, venv, ["uninstall", "--yes", *sorted(remove)], "removing " + ", ".join(sorted(remove)))
     if reinstall and not module.params["find_links"]:
         module.fail_json(msg=f"{named}; no wheelhouse was given to reinstall from (find_links)", **result)
+    if remove:
+        _pip(module, venv, ["uninstall", "--yes", *sorted(remove)], "removing " + ", ".join(sorted(remove)))
     if reinstall:
-        _reinstall(module, venv, lock_text, reinstall, module.params["find_links"])
+        _reinstall(module, venv, entries, reinstall, module.params["find_links"])
     _compile(venv)
     _, still = _state(venv, pinned, allowed)
     if still:

@@ -46,20 +46,13 @@ def parse_lock_text(text: str) -> dict[str, tuple[str, set[str]]]:
     return entries
 
 
-def lock_requirements(text: str, names: set[str]) -> str:
-    """The lock's own lines (pin and hashes) for `names`: a requirements file pip installs with
-    --require-hashes, so a repair takes exactly the wheels the lock allows."""
-    out: list[str] = []
-    keep = False
-    for raw in text.splitlines():
-        m = _REQ.match(raw.strip())
-        if m:
-            keep = normalise(m.group(1)) in names
-        if keep:
-            out.append(raw)
-        if not raw.rstrip().endswith("\\"):
-            keep = False
-    return "\n".join(out) + "\n"
+def lock_requirements(entries: dict[str, tuple[str, set[str]]], names: set[str]) -> str:
+    """The lock's pins and hashes for `names` (parsed by parse_lock_text), as a requirements file pip
+    installs with --require-hashes: a repair takes exactly the wheels the lock allows."""
+    return "".join(
+        f"{name}=={entries[name][0]}" + "".join(f" --hash=sha256:{h}" for h in sorted(entries[name][1])) + "\n"
+        for name in sorted(names)
+    )
 
 
 def installed_in(site_packages: Path) -> dict[str, str]:
@@ -82,11 +75,8 @@ def drift(pinned: dict[str, str], installed: dict[str, str], allowed: frozenset[
     `tokenizers 0.19.1 (lock 0.23.3)`, `torch missing (lock 2.13.0+cpu)`, `foo 1.0 (not in lock)`.
     `allowed` names what may be there besides the lock, at any version."""
     installed = {normalise(n): v for n, v in installed.items()}
-    found = [
-        f"{n} {installed.get(n, 'missing')} (lock {v})" for n, v in sorted(pinned.items()) if installed.get(n) != v
-    ]
-    found += [f"{n} {v} (not in lock)" for n, v in sorted(installed.items()) if n not in pinned and n not in allowed]
-    return found
+    found = [f"{n} {installed.get(n, 'missing')} (lock {pinned[n]})" for n in sorted(to_reinstall(pinned, installed))]
+    return found + [f"{n} {installed[n]} (not in lock)" for n in sorted(intruders(pinned, installed, allowed))]
 
 
 def to_reinstall(pinned: dict[str, str], installed: dict[str, str]) -> set[str]:

@@ -19,6 +19,7 @@ above its first third's (after warm-up). It runs on the node (`make soak`), wher
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import re
@@ -88,17 +89,26 @@ def service_memory_mb(service: str = SERVICE) -> float | None:
     return round(total / 2**20, 1) if seen else None
 
 
-def gpu_memory_mb() -> float | None:
-    """GPU memory in use on all of the node's GPUs in MB, where NVML answers."""
+@functools.cache
+def _gpus() -> tuple[Any, list[Any]] | None:
+    """NVML and the node's GPU handles, looked up once per soak; None where NVML does not answer."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        used = sum(
-            pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used
-            for i in range(pynvml.nvmlDeviceGetCount())
-        )
-        return round(float(used) / 2**20, 1)
+        return pynvml, [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    except Exception:
+        return None
+
+
+def gpu_memory_mb() -> float | None:
+    """GPU memory in use on all of the node's GPUs in MB, where NVML answers."""
+    gpus = _gpus()
+    if gpus is None:
+        return None
+    nvml, handles = gpus
+    try:
+        return round(float(sum(nvml.nvmlDeviceGetMemoryInfo(h).used for h in handles)) / 2**20, 1)
     except Exception:
         return None
 

@@ -81,7 +81,8 @@ def package_drift(fp: dict[str, Any], root: Path) -> list[str]:
     """The node's packages against its lock, phrased as the node-side check phrases them."""
     lock = _lock_module(root)
     pinned = {n: v for n, (v, _) in lock.parse_lock(lock.lock_path(fp["profile"], _minor(fp))).items()}
-    return list(lock.environment.drift(pinned, fp.get("_package_versions", {})))
+    found: list[str] = lock.environment.drift(pinned, fp.get("_package_versions", {}))
+    return found
 
 
 def _failure(result: dict[str, Any]) -> str:

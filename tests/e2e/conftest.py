@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# The kit's lock tooling (constraints/lock.py: which lock a profile installs, its pins), as the unit tests read it.
+sys.path.insert(0, str(ROOT / "constraints"))
 #: The part of the end-to-end tests this process runs: `node` (this machine's node, make e2e-node)
 #: or `hosts` (the test hosts, make e2e-hosts). make test runs the two side by side, so each keeps
 #: its own make logs, figures and durations, and its own REPORTS directory for what the make

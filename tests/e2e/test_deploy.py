@@ -20,6 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import lock  # constraints/lock.py
 import pytest
 from conftest import (
     FIGURES,
@@ -548,9 +549,7 @@ def test_soak_of_three_minutes_passes_its_gates_with_report_and_plot(deployed, t
 
 
 def _pinned(package: str) -> str:
-    found = re.search(rf"^{package}==(\S+) ", (ROOT / "constraints" / "cpu-py311.txt").read_text(), re.MULTILINE)
-    assert found, f"{package} is not in the cpu lock"
-    return found.group(1)
+    return str(lock.parse_lock(lock.lock_path("cpu", "3.11"))[package][0])
 
 
 def _env_version(package: str) -> str:
