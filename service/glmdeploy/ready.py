@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from glmdeploy.client import ApiClient, Completion, ServerError, ServerUnavailable
@@ -114,22 +115,45 @@ def prompt_mismatch(result: Completion, sent: list[int]) -> str | None:
     return None
 
 
-def check_generation(client: ApiClient, builder: PromptBuilder, tokens: int = 24) -> dict[str, object]:
+@dataclass
+class Generation:
+    """One readiness generation and what is wrong with it (nothing, on a node that can serve)."""
+
+    text: str
+    token_ids: list[int]
+    first_token_s: float | None
+    varied: bool
+    problems: list[str]
+
+
+def generate_once(client: ApiClient, builder: PromptBuilder, tokens: int = 24, stream: bool = False) -> Generation:
+    """The readiness generation, judged: the kit's prompt run, non-empty text, varied ids.
+
+    Not streamed by default: every server reports usage on a whole reply (streams only on
+    some), so the prompt's length is checked everywhere. The prober streams it, for the first
+    token's latency; a stream without usage skips only that comparison.
+    """
     prompt = builder.chat_ids(PROBE)
-    # Not streamed: every server reports usage on a whole reply (streams only on some).
-    result = client.complete(prompt, max_tokens=tokens, temperature=0.8, ignore_eos=True, stream=False)
+    result = client.complete(prompt, max_tokens=tokens, temperature=0.8, ignore_eos=True, stream=stream)
     ids = result.token_ids or builder.text_ids(result.text)
     problems = []
-    mismatch = prompt_mismatch(result, prompt)
+    reported = result.prompt_token_ids is not None or result.prompt_tokens is not None
+    mismatch = prompt_mismatch(result, prompt) if reported or not stream else None
     if mismatch:
         problems.append(f"the server did not run the kit's prompt ({mismatch})")
     if not result.text.strip():
         problems.append("generated text is empty")
-    if distinct_ratio(ids) < MIN_DISTINCT:
+    varied = distinct_ratio(ids) >= MIN_DISTINCT
+    if not varied:
         problems.append(f"generated ids barely vary ({len(set(ids))} distinct of {len(ids)}): {ids[:12]}")
-    if problems:
-        raise RuntimeError("model server is up but cannot generate properly: " + "; ".join(problems))
-    return {"text": result.text, "token_ids": ids, "first_token_s": result.first_token_s}
+    return Generation(result.text, ids, result.first_token_s, varied, problems)
+
+
+def check_generation(client: ApiClient, builder: PromptBuilder, tokens: int = 24) -> dict[str, object]:
+    generation = generate_once(client, builder, tokens)
+    if generation.problems:
+        raise RuntimeError("model server is up but cannot generate properly: " + "; ".join(generation.problems))
+    return {"text": generation.text, "token_ids": generation.token_ids, "first_token_s": generation.first_token_s}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,142 @@
+"""A real generation every few seconds on this node, exported for Prometheus: the liveness signal.
+
+Why: a server's /health answers 200 while its engine is stuck or emits garbage (the readiness
+check exists for the same reason). The prober runs the readiness generation itself
+(glmdeploy.ready.generate_once: the kit's chat prompt, 24 tokens, non-empty text, varied ids),
+streamed so the first token's latency is measured, and serves on /metrics:
+
+  glmdeploy_probe_success                 1 when the last probe generated properly, else 0
+  glmdeploy_probe_first_token_seconds     the last successful probe's time to the first token
+  glmdeploy_probe_duration_seconds        the last probe's end-to-end time (failed ones too)
+  glmdeploy_probe_output_varied           1 when the last reply's ids varied (0: a stuck engine)
+  glmdeploy_probe_last_success_timestamp_seconds
+  glmdeploy_probes_total{result}          ok | unreachable | server_error | timeout | bad_output
+
+Alerts read these (roles/monitoring/files/rules/); the node's labels come from Prometheus.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from glmdeploy.client import ApiClient, ServerError, ServerUnavailable
+from glmdeploy.config import NodeConfig
+from glmdeploy.prompt import PromptBuilder, load_tokenizer
+from glmdeploy.ready import generate_once
+
+RESULTS = ("ok", "unreachable", "server_error", "timeout", "bad_output")
+
+
+@dataclass
+class ProbeMetrics:
+    """The prober's series, in a registry of their own (no process or platform collectors)."""
+
+    registry: CollectorRegistry
+    success: Gauge
+    first_token: Gauge
+    duration: Gauge
+    varied: Gauge
+    last_success: Gauge
+    probes: Counter
+
+    @classmethod
+    def create(cls) -> ProbeMetrics:
+        registry = CollectorRegistry()
+        probes = Counter("glmdeploy_probes", "Probes by result", ["result"], registry=registry)
+        for result in RESULTS:
+            probes.labels(result)  # every result present from the start, at 0
+        return cls(
+            registry=registry,
+            success=Gauge("glmdeploy_probe_success", "1 when the last probe generated properly", registry=registry),
+            first_token=Gauge(
+                "glmdeploy_probe_first_token_seconds", "Last successful probe's time to first token", registry=registry
+            ),
+            duration=Gauge("glmdeploy_probe_duration_seconds", "Last probe's end-to-end time", registry=registry),
+            varied=Gauge("glmdeploy_probe_output_varied", "1 when the last reply's ids varied", registry=registry),
+            last_success=Gauge(
+                "glmdeploy_probe_last_success_timestamp_seconds", "When a probe last succeeded", registry=registry
+            ),
+            probes=probes,
+        )
+
+
+def classify(exc: BaseException) -> str:
+    """The result label of a failed probe, from what the client raised."""
+    if isinstance(exc, (TimeoutError, socket.timeout)):
+        return "timeout"
+    if isinstance(exc, ServerUnavailable):
+        # The client wraps a read timeout as unavailable; its cause tells them apart.
+        return "timeout" if isinstance(exc.__cause__, (TimeoutError, socket.timeout)) else "unreachable"
+    if isinstance(exc, ServerError):
+        return "server_error"
+    return "unreachable" if isinstance(exc, OSError) else "server_error"
+
+
+def probe_once(client: ApiClient, builder: PromptBuilder, metrics: ProbeMetrics) -> str:
+    """Run one probe, set the gauges, count it; return its result label."""
+    start = time.perf_counter()
+    try:
+        generation = generate_once(client, builder, stream=True)
+    except (ServerUnavailable, ServerError, OSError) as exc:
+        result, varied, first_token = classify(exc), None, None
+        detail = str(exc)
+    else:
+        result = "bad_output" if generation.problems else "ok"
+        varied, first_token = generation.varied, generation.first_token_s
+        detail = "; ".join(generation.problems)
+    metrics.duration.set(time.perf_counter() - start)
+    metrics.probes.labels(result).inc()
+    metrics.success.set(1 if result == "ok" else 0)
+    if varied is not None:
+        metrics.varied.set(1 if varied else 0)
+    if result == "ok":
+        metrics.first_token.set(first_token if first_token is not None else float("nan"))
+        metrics.last_success.set(time.time())
+    elif detail:
+        print(f"probe {result}: {detail[:500]}", file=sys.stderr, flush=True)
+    return result
+
+
+def run(
+    client: ApiClient, builder: PromptBuilder, metrics: ProbeMetrics, interval_s: float, stop: threading.Event
+) -> None:
+    """Probe every interval (measured start to start) until stopped."""
+    while not stop.is_set():
+        began = time.monotonic()
+        probe_once(client, builder, metrics)
+        stop.wait(max(0.0, interval_s - (time.monotonic() - began)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="glmdeploy-prober", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="node config (default: $GLMDEPLOY_NODE_CONFIG or /etc/glmdeploy/node.json)")
+    parser.add_argument("--listen", default="127.0.0.1", help="address /metrics listens on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, required=True, help="port /metrics listens on")
+    parser.add_argument(
+        "--interval", type=float, default=5.0, help="seconds from one probe's start to the next (default 5)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds a probe may take before it failed (default 30)"
+    )
+    args = parser.parse_args(argv)
+    if args.interval <= 0 or args.timeout <= 0:
+        parser.error("--interval and --timeout must be positive seconds")
+    node = NodeConfig.load(args.config)
+    client = ApiClient.for_node(node, timeout_s=args.timeout)
+    builder = PromptBuilder.from_tokenizer(load_tokenizer(node.model_dir, node.trust_remote_code))
+    metrics = ProbeMetrics.create()
+    start_http_server(args.port, addr=args.listen, registry=metrics.registry)
+    print(f"probing {client.base_url} every {args.interval:g}s; metrics on {args.listen}:{args.port}", flush=True)
+    run(client, builder, metrics, args.interval, threading.Event())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
