@@ -12,20 +12,32 @@ streamed so the first token's latency is measured, and serves on /metrics:
   glmdeploy_probe_last_success_timestamp_seconds
   glmdeploy_probes_total{result}          ok | unreachable | server_error | timeout | bad_output
 
+and, with each probe, what the alerts need that no other exporter has:
+
+  glmdeploy_server_memory_bytes{measure}  the server's whole process tree (PSS; glmdeploy.soak's
+                                          measure, so the leak alert and the soak gate agree)
+  glmdeploy_kit_disk_free_ratio           free space on the file system of the kit's root
+  glmdeploy_baseline_ttft_p99_seconds{baseline}  the node's stored throughput baseline's TTFT p99
+                                          (smoke_tests/baselines/<profile>-<class>.json; absent: none)
+
 Alerts read these (roles/monitoring/files/rules/); the node's labels come from Prometheus.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import socket
 import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
+from glmdeploy import bench, soak
 from glmdeploy.client import ApiClient, ServerError, ServerUnavailable
 from glmdeploy.config import NodeConfig
 from glmdeploy.prompt import PromptBuilder, load_tokenizer
@@ -45,6 +57,9 @@ class ProbeMetrics:
     varied: Gauge
     last_success: Gauge
     probes: Counter
+    memory: Gauge
+    disk_free: Gauge
+    baseline_ttft: Gauge
 
     @classmethod
     def create(cls) -> ProbeMetrics:
@@ -64,7 +79,51 @@ class ProbeMetrics:
                 "glmdeploy_probe_last_success_timestamp_seconds", "When a probe last succeeded", registry=registry
             ),
             probes=probes,
+            memory=Gauge("glmdeploy_server_memory_bytes", "The server's process tree", ["measure"], registry=registry),
+            disk_free=Gauge("glmdeploy_kit_disk_free_ratio", "Free fraction of the kit root's disk", registry=registry),
+            baseline_ttft=Gauge(
+                "glmdeploy_baseline_ttft_p99_seconds",
+                "TTFT p99 of the node's stored baseline",
+                ["baseline"],
+                registry=registry,
+            ),
         )
+
+    def __post_init__(self) -> None:
+        # Not measured yet is not a value: NaN until the first probe (a labelled gauge, where a value
+        # may never come - no memory measure, no baseline - is absent until it does).
+        for gauge in (self.first_token, self.duration, self.varied):
+            gauge.set(float("nan"))
+
+
+@dataclass
+class NodeFacts:
+    """Where the node keeps what the per-probe gauges read."""
+
+    kit_root: Path
+    baselines: Path | None
+    baseline_key: str = ""
+
+    def baseline_ttft_p99_s(self) -> float | None:
+        """The TTFT p99 of the baseline the smoke suite holds this node to (the same file it picks)."""
+        if self.baselines is None or not self.baseline_key:
+            return None
+        path = self.baselines / f"{self.baseline_key}.json"
+        try:
+            return float(json.loads(path.read_text())["result"]["ttft_ms"]["p99"]) / 1000
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+
+def update_node_gauges(facts: NodeFacts, metrics: ProbeMetrics) -> None:
+    memory = soak.service_memory_mb()
+    if memory is not None:
+        metrics.memory.labels("pss").set(memory * 2**20)
+    usage = shutil.disk_usage(facts.kit_root)
+    metrics.disk_free.set(usage.free / usage.total)
+    baseline = facts.baseline_ttft_p99_s()
+    if baseline is not None:
+        metrics.baseline_ttft.labels(facts.baseline_key).set(baseline)
 
 
 def classify(exc: BaseException) -> str:
@@ -105,12 +164,18 @@ def probe_once(client: ApiClient, builder: PromptBuilder, metrics: ProbeMetrics)
 
 
 def run(
-    client: ApiClient, builder: PromptBuilder, metrics: ProbeMetrics, interval_s: float, stop: threading.Event
+    client: ApiClient,
+    builder: PromptBuilder,
+    metrics: ProbeMetrics,
+    facts: NodeFacts,
+    interval_s: float,
+    stop: threading.Event,
 ) -> None:
     """Probe every interval (measured start to start) until stopped."""
     while not stop.is_set():
         began = time.monotonic()
         probe_once(client, builder, metrics)
+        update_node_gauges(facts, metrics)
         stop.wait(max(0.0, interval_s - (time.monotonic() - began)))
 
 
@@ -125,16 +190,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--timeout", type=float, default=30.0, help="seconds a probe may take before it failed (default 30)"
     )
+    parser.add_argument("--kit-root", type=Path, default=Path("/opt/glmdeploy"), help="the kit's root on the node")
+    parser.add_argument("--baselines", type=Path, help="the smoke suite's baselines/ on the node")
     args = parser.parse_args(argv)
     if args.interval <= 0 or args.timeout <= 0:
         parser.error("--interval and --timeout must be positive seconds")
     node = NodeConfig.load(args.config)
     client = ApiClient.for_node(node, timeout_s=args.timeout)
     builder = PromptBuilder.from_tokenizer(load_tokenizer(node.model_dir, node.trust_remote_code))
+    facts = NodeFacts(args.kit_root, args.baselines, f"{node.profile}-{bench.hardware_class(bench.hardware())}")
     metrics = ProbeMetrics.create()
     start_http_server(args.port, addr=args.listen, registry=metrics.registry)
     print(f"probing {client.base_url} every {args.interval:g}s; metrics on {args.listen}:{args.port}", flush=True)
-    run(client, builder, metrics, args.interval, threading.Event())
+    run(client, builder, metrics, facts, args.interval, threading.Event())
     return 0
 
 

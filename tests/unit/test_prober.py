@@ -117,3 +117,20 @@ def test_the_prober_refuses_a_zero_interval_by_name(capsys):
     with pytest.raises(SystemExit):
         prober.main(["--port", "9", "--interval", "0"])
     assert "--interval and --timeout must be positive" in capsys.readouterr().err
+
+
+def test_node_gauges_carry_the_stored_baseline_and_the_kit_disk(tmp_path):
+    """The baseline is the file the throughput smoke test picks (<profile>-<class>.json)."""
+    baselines = prober.Path(__file__).resolve().parents[2] / "smoke_tests" / "baselines"
+    metrics = prober.ProbeMetrics.create()
+    prober.update_node_gauges(prober.NodeFacts(tmp_path, baselines, "cpu-cpu2"), metrics)
+    got = samples(metrics)
+    stored = json.loads((baselines / "cpu-cpu2.json").read_text())["result"]["ttft_ms"]["p99"]
+    assert got['glmdeploy_baseline_ttft_p99_seconds{baseline="cpu-cpu2"}'] == stored / 1000
+    assert 0 < got["glmdeploy_kit_disk_free_ratio"] < 1
+
+
+def test_a_node_without_a_baseline_exports_none_rather_than_zero(tmp_path):
+    metrics = prober.ProbeMetrics.create()
+    prober.update_node_gauges(prober.NodeFacts(tmp_path, tmp_path, "cpu-cpu64"), metrics)
+    assert not [name for name in samples(metrics) if name.startswith("glmdeploy_baseline_ttft_p99_seconds")]
