@@ -248,6 +248,9 @@ driver: tools ## Install the pinned NVIDIA driver on INVENTORY's nodes (held; re
 driver-upgrade: tools ## The driver's upgrade path: unhold, install what nvidia_driver_branch/_version select now, re-hold, reboot
 	$(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/driver.yml $(FORCE_PROFILE) -e nvidia_driver_upgrade=true $(ANSIBLE_ARGS)
 
+monitor: tools ## Apply just the monitoring: the nodes' exporters, the balancer's nginx exporter, Prometheus and Alertmanager on the monitoring host
+	$(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/monitor.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
+
 smoke: tools ## Run the smoke suite on every node of INVENTORY; reports land in reports/smoke/
 	ansible-playbook -i $(INVENTORY) playbooks/smoke.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 
@@ -276,10 +279,22 @@ verify: tools ## Smoke suite + fingerprint on every node of INVENTORY, then one 
 	  $(TOOLS)/bin/python -m glmdeploy_control.fleet --reports $(REPORTS)/smoke --root . \
 	  --models $(MODELS) --out $(REPORTS) || rc=$$?; exit $$rc
 
-lint: tools ## ansible-lint (production profile), yamllint, ruff, mypy --strict on service/, playbook syntax check, role README tables up to date
+# promtool, from the distribution's Prometheus package (the one the monitoring host installs),
+# unpacked beside the tools, not installed: installing the package would start a Prometheus here.
+PROMTOOL := $(TOOLS)/prometheus/usr/bin/promtool
+$(PROMTOOL): $(TOOLS)/.stamp
+	@echo "==> unpacking promtool from the distribution's prometheus package"
+	@rm -rf $(TOOLS)/prometheus && mkdir -p $(TOOLS)/prometheus/deb
+	@cd $(TOOLS)/prometheus/deb && apt-get download -q prometheus 2>&1 | grep -v "^W: Download is performed unsandboxed" || true
+	@dpkg -x $(TOOLS)/prometheus/deb/prometheus_*.deb $(TOOLS)/prometheus && rm -rf $(TOOLS)/prometheus/deb
+	@test -x $@ || { echo "ERROR: promtool not found in the prometheus package; fix: check this machine's apt sources (apt-get download prometheus)"; exit 2; }
+
+lint: tools $(PROMTOOL) ## ansible-lint (production profile), yamllint, ruff, mypy --strict on service/, playbook syntax check, role README tables up to date, the alerts' promtool tests
+	$(PROMTOOL) check rules roles/monitoring/files/rules/*.yml
+	$(PROMTOOL) test rules tests/monitoring/rules.test.yml
 	yamllint -s .
 	ansible-lint --profile production --strict playbooks roles tests/scenarios
-	ansible-playbook -i playbooks/localhost.ini --syntax-check playbooks/site.yml playbooks/undeploy.yml playbooks/smoke.yml playbooks/driver.yml playbooks/baseline.yml playbooks/output_lock.yml playbooks/soak.yml playbooks/lb.yml playbooks/rollout.yml playbooks/rollback.yml playbooks/releases.yml playbooks/image_smoke.yml
+	ansible-playbook -i playbooks/localhost.ini --syntax-check playbooks/site.yml playbooks/undeploy.yml playbooks/smoke.yml playbooks/driver.yml playbooks/baseline.yml playbooks/output_lock.yml playbooks/soak.yml playbooks/lb.yml playbooks/rollout.yml playbooks/rollback.yml playbooks/releases.yml playbooks/image_smoke.yml playbooks/monitor.yml
 	ruff check service smoke_tests tests constraints roles plugins library module_utils
 	$(TOOLS)/bin/mypy --config-file service/pyproject.toml service/glmdeploy service/glmdeploy_control module_utils tests/support/fixture_model
 	$(TOOLS)/bin/python tests/lint/role_docs.py --check

@@ -40,6 +40,9 @@ FIELDS = (
     "dtype",
     "smoke",
 )
+# The node's exporters (roles/node_metrics, tasks_from: status): not held to the other hosts, a
+# value that says down or not generating is a problem of its own.
+EXPORTER_FIELDS = ("node exporter", "prober", "gpu exporter")
 
 
 def _digest(path: Path) -> str:
@@ -121,6 +124,10 @@ def build(reports: Path, root: Path, model_root: Path) -> dict[str, Any]:
         fp["smoke"] = f"{c.get('passed', 0)} passed, {c.get('failed', 0)} failed, {c.get('skipped', 0)} skipped"
         fp["_smoke_failures"] = [_failure(r) for r in smoke.get("results", []) if r.get("outcome") == "failed"]
         fp["outputs"] = _outputs(smoke.get("results", []))
+        exporters_file = host_dir / "exporters.json"
+        exporters = json.loads(exporters_file.read_text()) if exporters_file.exists() else {}
+        for field in EXPORTER_FIELDS:
+            fp[field] = exporters.get(field, "not checked")
         hosts[host_dir.name] = fp
     problems: list[str] = []
     marks: dict[str, dict[str, str]] = {h: {} for h in hosts}
@@ -146,6 +153,9 @@ def build(reports: Path, root: Path, model_root: Path) -> dict[str, Any]:
             marks[host]["packages"] = "not the lock: " + "; ".join(drift[:8]) + (" ..." if len(drift) > 8 else "")
         if str(fp["outputs"]).startswith("changed"):
             marks[host]["outputs"] = "the greedy outputs differ from their recording (smoke_tests/outputs/)"
+        for field in EXPORTER_FIELDS:
+            if str(fp[field]).startswith("down") or "NOT generating" in str(fp[field]) or "NVML" in str(fp[field]):
+                marks[host][field] = str(fp[field])
         if " 0 failed" not in fp["smoke"]:
             marks[host]["smoke"] = "failed: " + " | ".join(fp.get("_smoke_failures") or ["see smoke.json"])
         problems += [f"{host}: {field}: {why}" for field, why in marks[host].items()]
@@ -160,7 +170,7 @@ def build(reports: Path, root: Path, model_root: Path) -> dict[str, Any]:
 def markdown(report: dict[str, Any]) -> str:
     hosts = list(report["hosts"])
     lines = ["| field | " + " | ".join(hosts) + " |", "|---|" + "---|" * len(hosts)]
-    for field in FIELDS:
+    for field in (*FIELDS, *EXPORTER_FIELDS):
         cells = []
         for host in hosts:
             value = str(report["hosts"][host].get(field))
