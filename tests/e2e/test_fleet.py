@@ -24,13 +24,16 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -130,14 +133,76 @@ def put_standin(host: str) -> None:
 FLEET_THROUGHPUT = PART != "hosts"
 
 
+class AlertReceiver:
+    """The test's webhook receiver for Alertmanager, on the controller's bridge address (the one
+    address the test hosts reach): every notification, with the time it arrived."""
+
+    PORT = 9099
+
+    def __init__(self) -> None:
+        self.received: list[tuple[float, dict]] = []
+        self.server: ThreadingHTTPServer | None = None
+
+    def url(self) -> str:
+        return f"http://{hostctl.CONTROLLER}:{self.PORT}/alerts"
+
+    def start(self) -> None:
+        received = self.received
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                received.append((time.time(), body))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer((hostctl.CONTROLLER, self.PORT), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+    def wait_for(self, alert: str, node: str, status: str, after: float, timeout: float) -> float:
+        """When the notification of `alert` on `node` with `status` arrived (after `after`)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for at, body in list(self.received):
+                for a in body.get("alerts", []):
+                    labels = a.get("labels", {})
+                    if (
+                        at >= after
+                        and a.get("status") == status
+                        and labels.get("alertname") == alert
+                        and labels.get("node") == node
+                    ):
+                        return at
+            time.sleep(0.5)
+        seen = [
+            (round(at - after, 1), a["labels"].get("alertname"), a["labels"].get("node"), a.get("status"))
+            for at, body in self.received
+            for a in body.get("alerts", [])
+        ]
+        raise AssertionError(f"no {status} {alert} for {node} within {timeout:.0f}s; the webhook got: {seen}")
+
+
+WEBHOOK = AlertReceiver()
+
+
 def write_inventory(base: Path) -> Path:
-    """hostctl's inventory with each node's profile set: gpu-cu121 on the last host, cpu on the others."""
+    """hostctl's inventory with each node's profile set: gpu-cu121 on the last host, cpu on the others;
+    Alertmanager posting to the test's receiver (resolved alerts within 10 s rather than a minute)."""
     text = base.read_text()
     for host in CPU_HOSTS:
         text = re.sub(rf"^({host} .*)$", r"\1 glmdeploy_profile=cpu", text, flags=re.M)
     text = re.sub(rf"^({GPU} .*)$", rf"\1 {GPU_VARS}", text, flags=re.M)
     if not FLEET_THROUGHPUT:
         text = re.sub(r"^(testhost\d+ .*)$", r"\1 smoke_throughput=false", text, flags=re.M)
+    text += f"\n[all:vars]\nmonitoring_alert_webhook_url={WEBHOOK.url()}\nmonitoring_group_interval=10s\n"
     inventory = STATE / "fleet.ini"
     inventory.write_text(text)
     return inventory
@@ -182,6 +247,7 @@ def deploy_fleet(peak: MemoryPeak, timings: dict) -> dict:
     hosts = json.loads((STATE / "hosts.json").read_text())
     timings["create_s"] = hosts["create_s"]
     put_standin(GPU)
+    WEBHOOK.start()
     inventory = write_inventory(Path(hosts["inventory"]))
     converge = make("deploy", f"INVENTORY={inventory}", timeout=2400)
     timings["converge_s"] = round(converge.elapsed, 1)  # type: ignore[attr-defined]
@@ -209,6 +275,7 @@ def deployed_fleet():
         yield state
     finally:
         peak.stop.set()
+        WEBHOOK.stop()
         FIGURES[f"{len(HOSTS)}-host mixed fleet, {len(CPU_HOSTS)} cpu + 1 gpu-cu121 rehearsal (s)"] = timings
         FIGURES["peak memory used during the fleet test (MiB)"] = round(peak.peak_mib)
         make("hosts-down")
@@ -831,17 +898,133 @@ def processes_on(host: str) -> list[dict]:
     return json.loads(out.stdout)
 
 
-def test_kill_9_of_the_api_server_under_systemd_leaves_no_orphaned_engine(fleet):
+PROMETHEUS = f"http://{hostctl.host_ip(LB_HOST)}:9090"  # the balancer's host: the fleet has no glmdeploy_monitor group
+RULES = ROOT / "roles" / "monitoring" / "files" / "rules" / "glmdeploy-recording.yml"
+NODE_NAMES = re.findall(r"^\s+- record: (glmdeploy:(?!fleet_)\S+)$", RULES.read_text(), re.M)
+FLEET_NAMES = re.findall(r"^\s+- record: (glmdeploy:fleet_\S+)$", RULES.read_text(), re.M)
+
+
+def prom(path: str, **params: str) -> dict:
+    url = PROMETHEUS + path + ("?" + urllib.parse.urlencode(params) if params else "")
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def prom_values(query: str) -> dict[str, float]:
+    """A query's value per node label (NaN included: a quantile of no requests)."""
+    result = prom("/api/v1/query", query=query)["data"]["result"]
+    return {r["metric"].get("node", ""): float(r["value"][1]) for r in result}
+
+
+def until(check, timeout: float, every: float = 2.0):
+    """check()'s first truthy result within timeout, else its last (falsy) one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(every)
+
+
+def test_prometheus_scrapes_every_target_and_the_kit_names_have_values_for_every_node(fleet):
+    """Both vLLM generations through one set of names: the cpu nodes' current vLLM and the rehearsal
+    node's real vLLM 0.4.3 /metrics (its executor is the stand-in; its metrics code is vLLM's)."""
+
+    def all_up() -> list:
+        targets = prom("/api/v1/targets")["data"]["activeTargets"]
+        return targets if targets and all(t["health"] == "up" for t in targets) else []
+
+    targets = until(all_up, 120) or prom("/api/v1/targets")["data"]["activeTargets"]
+    down = [(t["labels"]["job"], t["labels"].get("node"), t["lastError"]) for t in targets if t["health"] != "up"]
+    assert not down, f"targets down: {down}"
+    jobs = {(t["labels"]["job"], t["labels"].get("node")) for t in targets}
+    assert {("vllm", h) for h in HOSTS} | {("prober", h) for h in HOSTS} | {("node", h) for h in HOSTS} <= jobs
+    assert ("gpu", GPU) in jobs and not {("gpu", h) for h in CPU_HOSTS} & jobs, "GPU exporter on GPU profiles only"
+    assert ("nginx", LB_HOST) in jobs
+    assert set(prom_values("vllm:gpu_cache_usage_perc")) == {GPU}, "vLLM 0.4.3's name, on the rehearsal node"
+    assert set(prom_values("vllm:kv_cache_usage_perc")) == set(CPU_HOSTS), "the current name, on the cpu nodes"
+
+    def missing() -> list[str]:
+        gaps = []
+        for name in NODE_NAMES:
+            values = prom_values(name)
+            gaps += [f"{name}{{node={h}}}" for h in HOSTS if h not in values or values[h] != values[h]]
+        gaps += [name for name in FLEET_NAMES if not prom_values(name)]
+        return gaps
+
+    gaps = until(lambda: not missing(), 120) or missing()
+    assert gaps is True or not gaps, f"kit names without a value: {gaps}"
+    FIGURES["monitoring: kit names per node"] = {
+        name: {h: round(v, 4) for h, v in prom_values(name).items()} for name in NODE_NAMES
+    }
+
+
+def browser(pw):
+    return pw.chromium.launch(
+        executable_path=shutil.which("chromium") or "/usr/bin/chromium",
+        args=["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"],
+    )
+
+
+def fleet_page_rows(page) -> dict[str, str]:
+    page.goto(PROMETHEUS + "/consoles/glmdeploy.html")
+    rows = page.locator("table tr").all_inner_texts()
+    return {row.split("\t", 1)[0].split()[0]: row for row in rows[1:] if row.strip()}
+
+
+def test_fleet_page_in_a_browser_shows_every_node_generating_with_real_values(fleet):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        chrome = browser(pw)
+        page = chrome.new_page(viewport={"width": 1500, "height": 420})
+
+        def ready() -> dict[str, str]:
+            rows = fleet_page_rows(page)
+            good = all(
+                h in rows
+                and "generating" in rows[h]
+                and "NOT generating" not in rows[h]
+                and re.search(r"\t\d+\.\d\t", rows[h])
+                for h in HOSTS
+            )
+            return rows if good else {}
+
+        rows = until(ready, 90) or fleet_page_rows(page)
+        (REPORTS / "monitoring").mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(REPORTS / "monitoring" / "fleet-page.png"), full_page=True)
+        chrome.close()
+    for host in HOSTS:
+        assert host in rows and "generating" in rows[host] and "NOT generating" not in rows[host], rows
+        assert re.search(r"\t\d+\.\d\t", rows[host]), f"no output tokens/s for {host}: {rows[host]!r}"
+    assert "no GPU exporter (cpu profile)" in rows[CPU_HOSTS[0]]
+    assert "NVML unreadable" in rows[GPU], "the rehearsal host has no GPU: the exporter says so, not zeros"
+
+
+def test_kill_9_of_the_api_server_leaves_no_orphan_and_not_generating_alerts_until_it_is_back(fleet):
+    """kill -9 of one node's API server under systemd: the service restarts it with no orphaned
+    engine, the prober's alert reaches the webhook while it is down, and resolves once it is back."""
     host = CPU
     before = processes_on(host)
     guard = int(on_host(host, "systemctl show -p MainPID --value glmdeploy-vllm_server").stdout)
     server = next(p for p in before if p["ppid"] == guard and p["service"] == "vllm_server")
     assert "vllm.entrypoints.openai.api_server" in server["cmd"], server
+    assert until(lambda: prom_values("glmdeploy_probe_success").get(host) == 1, 60), f"{host} not generating before"
+    killed = time.time()
     assert on_host(host, f"kill -9 {server['pid']}").returncode == 0
     start = time.monotonic()
+    fired = WEBHOOK.wait_for("GlmdeployNodeNotGenerating", host, "firing", killed, timeout=120)
+    FIGURES["kill -9 of the API server (test host): not-generating alert at the webhook after (s)"] = round(
+        fired - killed, 1
+    )
     assert node_generates(host), f"{host} did not generate again after kill -9 of its API server"
+    back = time.time()
     FIGURES["kill -9 of the API server under systemd (test host): generating again after (s)"] = round(
         time.monotonic() - start, 1
+    )
+    resolved = WEBHOOK.wait_for("GlmdeployNodeNotGenerating", host, "resolved", killed, timeout=120)
+    FIGURES["kill -9 of the API server (test host): resolved at the webhook after it generated again (s)"] = round(
+        resolved - back, 1
     )
     one_engine_left(before, processes_on(host))
 
