@@ -345,6 +345,17 @@ def test_verify_prints_one_table_with_both_profiles_side_by_side(fleet):
     row = next(line for line in proc.stdout.splitlines() if line.startswith("| profile |"))
     assert [cell.strip() for cell in row.split("|")[2 : 2 + len(HOSTS)]] == PROFILES, row
 
+    def cells(field: str) -> list[str]:
+        line = next(line for line in proc.stdout.splitlines() if line.startswith(f"| {field} |"))
+        return [cell.strip() for cell in line.split("|")[2 : 2 + len(HOSTS)]]
+
+    assert cells("node exporter") == ["up"] * len(HOSTS)
+    assert cells("prober") == ["up, generating"] * len(HOSTS)
+    gpu = cells("gpu exporter")
+    assert gpu[:-1] == ["not run: cpu node (no GPU)"] * len(CPU_HOSTS) and gpu[-1].startswith("up, no GPU to read ("), (
+        gpu
+    )
+
 
 @pytest.mark.parametrize("host", HOSTS)
 def test_services_run_under_systemd_as_the_service_user(fleet, host):

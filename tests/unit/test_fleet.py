@@ -164,3 +164,33 @@ def test_a_class_without_recording_is_said_in_the_table_without_failing_verify(f
     report = build(reports, ROOT, models)
     assert report["hosts"]["node1"]["outputs"] == "no output recording for chatglm3-fixture on cpu-a10x1"
     assert report["problems"] == []
+
+
+def test_an_exporter_down_or_a_node_not_generating_is_a_problem_of_that_host(fleet):
+    reports, models = fleet
+    (reports / "node1" / "exporters.json").write_text(
+        json.dumps({"node exporter": "up", "prober": "up, generating", "gpu exporter": "not run: cpu node (no GPU)"})
+    )
+    (reports / "node2" / "exporters.json").write_text(
+        json.dumps(
+            {
+                "node exporter": "down: connection refused",
+                "prober": "up, NOT generating",
+                "gpu exporter": "not run: cpu node (no GPU)",
+            }
+        )
+    )
+    report = build(reports, ROOT, models)
+    assert report["problems"] == [
+        "node2: node exporter: down: connection refused",
+        "node2: prober: up, NOT generating",
+    ]
+    table = markdown(report)
+    assert "| prober | up, generating | **up, NOT generating** (!) |" in table
+    assert "| gpu exporter | not run: cpu node (no GPU) | not run: cpu node (no GPU) |" in table
+
+
+def test_a_fleet_without_exporter_reports_says_not_checked_without_a_problem(fleet):
+    reports, models = fleet
+    report = build(reports, ROOT, models)
+    assert report["problems"] == [] and report["hosts"]["node1"]["prober"] == "not checked"
