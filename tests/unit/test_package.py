@@ -34,6 +34,8 @@ SCRIPTS = {
     "glmdeploy-golden": "glmdeploy.golden:main",
     "glmdeploy-outputs": "glmdeploy.outputs:main",
     "glmdeploy-soak": "glmdeploy.soak:main",
+    "glmdeploy-prober": "glmdeploy.prober:main",
+    "glmdeploy-gpu-exporter": "glmdeploy.gpu_exporter:main",
     "glmdeploy-fingerprint": "glmdeploy.fingerprint:main",
     "glmdeploy-procguard": "glmdeploy.procguard:main",
     "glmdeploy-ui": "glmdeploy.ui_launch:main",
