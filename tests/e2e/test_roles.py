@@ -196,10 +196,14 @@ def hosts(request: pytest.FixtureRequest):
         make("hosts-down")
 
 
+# node_base and model run in every deploy of make test (this machine's node and the fleet's): their
+# scenarios alone (converge, idempotence, verify) are drills, to keep make test within its budget.
+@pytest.mark.drill
 def test_node_base_scenario(hosts):
     scenario("node_base")
 
 
+@pytest.mark.drill
 def test_model_scenario(hosts):
     # The fixture model the cpu profile places (a no-op when `make unit` or a deploy made it already).
     assert make("fixture").returncode == 0
