@@ -594,18 +594,23 @@ def test_api_beyond_localhost_requires_the_key_and_the_key_stays_secret(fleet):
 
 
 def test_drained_node_gets_no_requests_until_undrained(fleet):
+    """Counted in the server's access log: the node's own prober (a generation every few seconds
+    from the node itself) is stopped meanwhile, or its requests would count as the balancer's."""
     key, node = KEY_FILE.read_text().strip(), BEHIND
+    assert on_host(node, "systemctl stop glmdeploy-prober").returncode == 0
     drained = make("drain", f"INVENTORY={fleet['inventory']}", f"HOST={node}")
     try:
         assert drained.returncode == 0, drained.stdout[-2000:]
         before = completions_served(node)
         assert all(lb_generate(key, max_tokens=2)[0] == 200 for _ in range(9))
         assert completions_served(node) == before, "a drained node was sent requests"
-    finally:  # back behind the balancer whatever happened: later tests send it requests
         back = make("undrain", f"INVENTORY={fleet['inventory']}", f"HOST={node}")
-    assert back.returncode == 0, back.stdout[-2000:]
-    assert all(lb_generate(key, max_tokens=2)[0] == 200 for _ in range(9))
-    assert completions_served(node) > before, "an undrained node got no requests"
+        assert back.returncode == 0, back.stdout[-2000:]
+        assert all(lb_generate(key, max_tokens=2)[0] == 200 for _ in range(9))
+        assert completions_served(node) > before, "an undrained node got no requests"
+    finally:  # back behind the balancer and probed whatever happened: later tests need both
+        make("undrain", f"INVENTORY={fleet['inventory']}", f"HOST={node}")
+        on_host(node, "systemctl start glmdeploy-prober")
     refused = make("drain", f"INVENTORY={fleet['inventory']}", "HOST=nosuchhost")
     assert refused.returncode != 0 and "is not in the inventory group" in refused.stdout
 
