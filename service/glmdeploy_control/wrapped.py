@@ -29,10 +29,13 @@ def command_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> lis
 def run_child(command: Sequence[str], env: dict[str, str] | None = None, pass_fds: Sequence[int] = ()) -> int:
     """Run the command to its end; its exit status (killed by signal N: 128 + N, as a shell says).
 
-    Ctrl-C reaches the command from the terminal itself (one process group), so this process
-    ignores it; a SIGTERM sent to this process alone is passed on."""
+    Ctrl-C reaches the command from the terminal itself (one process group); this process then
+    sends it SIGTERM as well. Why: ansible-core 2.19 can carry on after Ctrl-C's SIGINT (the task
+    running stops, the play goes on: ansible/ansible#86078; seen here as an interrupted deploy
+    that went on to promote its release), while on SIGTERM it passes the signal to its workers
+    and exits. A SIGTERM sent to this process alone is passed on."""
     child = subprocess.Popen(list(command), env=env, pass_fds=tuple(pass_fds))
-    signal.signal(signal.SIGINT, lambda _signum, _frame: None)
+    signal.signal(signal.SIGINT, lambda _signum, _frame: child.send_signal(signal.SIGTERM))
     signal.signal(signal.SIGTERM, lambda signum, _frame: child.send_signal(signum))
     code = child.wait()
     return 128 - code if code < 0 else code

@@ -90,3 +90,27 @@ def test_other_inventories_are_not_blocked(tmp_path, inventory):
     finally:
         first.kill()
         first.wait()
+
+
+def test_ctrl_c_stops_a_command_that_carries_on_after_sigint(tmp_path, inventory):
+    """Ctrl-C (SIGINT to the whole process group) ends the run even when the command takes SIGINT
+    and goes on, as ansible-core 2.19 can (ansible/ansible#86078): the wrapper sends it SIGTERM."""
+    started = tmp_path / "started"
+    stubborn = (
+        "import pathlib, signal, sys, time\n"
+        "signal.signal(signal.SIGINT, lambda *_: None)\n"
+        "pathlib.Path(sys.argv[1]).touch()\n"
+        "time.sleep(60)\n"
+    )
+    proc = locked(tmp_path, inventory, sys.executable, "-c", stubborn, str(started))
+    deadline = time.monotonic() + 20
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert started.exists(), "the command did not start"
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        code = proc.wait(timeout=10)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert code == 128 + signal.SIGTERM, f"the run went on after Ctrl-C (status {code})"
