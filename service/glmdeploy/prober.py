@@ -10,7 +10,10 @@ streamed so the first token's latency is measured, and serves on /metrics:
   glmdeploy_probe_duration_seconds        the last probe's end-to-end time (failed ones too)
   glmdeploy_probe_output_varied           1 when the last reply's ids varied (0: a stuck engine)
   glmdeploy_probe_last_success_timestamp_seconds
+  glmdeploy_probe_in_flight_seconds       how long the probe now running has run (0: none running);
+                                          a hung server shows here seconds before the probe's timeout
   glmdeploy_probes_total{result}          ok | unreachable | server_error | timeout | bad_output
+  glmdeploy_probe_last_result{result}     1 for the last probe's result, 0 for the others
 
 and, with each probe, what the alerts need that no other exporter has:
 
@@ -20,7 +23,8 @@ and, with each probe, what the alerts need that no other exporter has:
   glmdeploy_baseline_ttft_p99_seconds{baseline}  the node's stored throughput baseline's TTFT p99
                                           (smoke_tests/baselines/<profile>-<class>.json; absent: none)
 
-Alerts read these (roles/monitoring/files/rules/); the node's labels come from Prometheus.
+Alerts read these (roles/monitoring/files/rules/), and so does the balancer's health check
+(glmdeploy.lb_health); the node's labels come from Prometheus.
 """
 
 from __future__ import annotations
@@ -56,7 +60,9 @@ class ProbeMetrics:
     duration: Gauge
     varied: Gauge
     last_success: Gauge
+    in_flight: Gauge
     probes: Counter
+    last_result: Gauge
     memory: Gauge
     disk_free: Gauge
     baseline_ttft: Gauge
@@ -65,8 +71,12 @@ class ProbeMetrics:
     def create(cls) -> ProbeMetrics:
         registry = CollectorRegistry()
         probes = Counter("glmdeploy_probes", "Probes by result", ["result"], registry=registry)
+        last_result = Gauge(
+            "glmdeploy_probe_last_result", "1 for the last probe's result", ["result"], registry=registry
+        )
         for result in RESULTS:
             probes.labels(result)  # every result present from the start, at 0
+            last_result.labels(result)
         return cls(
             registry=registry,
             success=Gauge("glmdeploy_probe_success", "1 when the last probe generated properly", registry=registry),
@@ -78,7 +88,11 @@ class ProbeMetrics:
             last_success=Gauge(
                 "glmdeploy_probe_last_success_timestamp_seconds", "When a probe last succeeded", registry=registry
             ),
+            in_flight=Gauge(
+                "glmdeploy_probe_in_flight_seconds", "How long the running probe has run (0: none)", registry=registry
+            ),
             probes=probes,
+            last_result=last_result,
             memory=Gauge("glmdeploy_server_memory_bytes", "The server's process tree", ["measure"], registry=registry),
             disk_free=Gauge("glmdeploy_kit_disk_free_ratio", "Free fraction of the kit root's disk", registry=registry),
             baseline_ttft=Gauge(
@@ -94,6 +108,11 @@ class ProbeMetrics:
         # may never come - no memory measure, no baseline - is absent until it does).
         for gauge in (self.first_token, self.duration, self.varied):
             gauge.set(float("nan"))
+        self.probe_started: float | None = None
+        # Read at scrape time: a probe stuck on a hung server is seen while it waits.
+        self.in_flight.set_function(
+            lambda: 0.0 if self.probe_started is None else time.monotonic() - self.probe_started
+        )
 
 
 @dataclass
@@ -141,6 +160,7 @@ def classify(exc: BaseException) -> str:
 def probe_once(client: ApiClient, builder: PromptBuilder, metrics: ProbeMetrics) -> str:
     """Run one probe, set the gauges, count it; return its result label."""
     start = time.perf_counter()
+    metrics.probe_started = time.monotonic()
     try:
         generation = generate_once(client, builder, stream=True)
     except (ServerUnavailable, ServerError, OSError) as exc:
@@ -150,8 +170,11 @@ def probe_once(client: ApiClient, builder: PromptBuilder, metrics: ProbeMetrics)
         result = "bad_output" if generation.problems else "ok"
         varied, first_token = generation.varied, generation.first_token_s
         detail = "; ".join(generation.problems)
+    metrics.probe_started = None
     metrics.duration.set(time.perf_counter() - start)
     metrics.probes.labels(result).inc()
+    for name in RESULTS:
+        metrics.last_result.labels(name).set(1 if name == result else 0)
     metrics.success.set(1 if result == "ok" else 0)
     if varied is not None:
         metrics.varied.set(1 if varied else 0)

@@ -66,6 +66,15 @@ class Image:
 
 
 @dataclass(frozen=True)
+class Balancer:
+    """The balancer's own service: glmdeploy-lb-health (roles/load_balancer)."""
+
+    health_port: int
+    #: A generation probe that has waited this long with no reply: the node is hung.
+    hang_s: float
+
+
+@dataclass(frozen=True)
 class Kit:
     lock_file: str
     wheelhouse: str
@@ -77,6 +86,7 @@ class Kit:
     packages: list[str]
     services: dict[str, Service]
     image: Image
+    balancer: Balancer
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,8 @@ class Runtime:
     return_token_ids: bool
     extra_args: list[str]
     extra_env: dict[str, str]
+    #: The balancer's bound on a node's silence (first byte, or within a stream), in seconds.
+    first_byte_timeout_s: int
 
 
 @dataclass(frozen=True)

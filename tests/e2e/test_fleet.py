@@ -37,6 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import tomllib
 from conftest import (
     E2E_LOGS,
     FIGURES,
@@ -57,6 +58,7 @@ import hub_standin
 from glmdeploy import sse
 
 STATE = hostctl.STATE
+REGISTRY = tomllib.loads((ROOT / "constraints" / "profiles.toml").read_text())
 KEY = STATE / "id_ed25519"
 # Two hosts in `make test`, three in `make drills` (the Makefile sets it; docs/reference/tests.md).
 FLEET_HOSTS = int(os.environ.get("GLMDEPLOY_FLEET_HOSTS", "2"))
@@ -553,6 +555,17 @@ def test_rehearsal_fails_on_the_kits_old_behaviour(fleet, tmp_path, old):
 # listen on their bridge addresses, so the API requires the deployment's key.
 LB_API = f"http://{hostctl.host_ip(LB_HOST)}:9000/v1"
 KEY_FILE = ROOT / "artifacts" / "secrets" / "api_key"
+HEALTH = f"http://{hostctl.host_ip(LB_HOST)}:{REGISTRY['kit']['balancer']['health_port']}/status"
+
+
+def lb_status() -> dict:
+    """The balancer's own view (glmdeploy-lb-health's /status): each node in rotation or not, and why."""
+    with urllib.request.urlopen(HEALTH, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def in_rotation(host: str) -> bool:
+    return bool(lb_status()["nodes"][host]["in_rotation"])
 
 
 def lb_generate(key: str | None, max_tokens: int = 8, timeout: float = 120) -> tuple[int, str]:
@@ -961,7 +974,7 @@ def test_prometheus_scrapes_every_target_and_the_kit_names_have_values_for_every
     jobs = {(t["labels"]["job"], t["labels"].get("node")) for t in targets}
     assert {("vllm", h) for h in HOSTS} | {("prober", h) for h in HOSTS} | {("node", h) for h in HOSTS} <= jobs
     assert ("gpu", GPU) in jobs and not {("gpu", h) for h in CPU_HOSTS} & jobs, "GPU exporter on GPU profiles only"
-    assert ("nginx", LB_HOST) in jobs
+    assert ("nginx", LB_HOST) in jobs and ("lb", LB_HOST) in jobs, "the balancer's exporter or health service"
     assert set(prom_values("vllm:gpu_cache_usage_perc")) == {GPU}, "vLLM 0.4.3's name, on the rehearsal node"
     assert set(prom_values("vllm:kv_cache_usage_perc")) == set(CPU_HOSTS), "the current name, on the cpu nodes"
 
@@ -1031,9 +1044,14 @@ def test_kill_9_of_the_api_server_leaves_no_orphan_and_not_generating_alerts_unt
     server = next(p for p in before if p["ppid"] == guard and p["service"] == "vllm_server")
     assert "vllm.entrypoints.openai.api_server" in server["cmd"], server
     assert until(lambda: prom_values("glmdeploy_probe_success").get(host) == 1, 60), f"{host} not generating before"
+    assert in_rotation(host), lb_status()
     killed = time.time()
     assert on_host(host, f"kill -9 {server['pid']}").returncode == 0
     start = time.monotonic()
+    assert until(lambda: not in_rotation(host), 30, every=0.5), f"the balancer kept {host}: {lb_status()}"
+    FIGURES["kill -9 of the API server (test host): out of the balancer's rotation after (s)"] = round(
+        time.monotonic() - start, 1
+    )
     fired = WEBHOOK.wait_for("GlmdeployNodeNotGenerating", host, "firing", killed, timeout=120)
     FIGURES["kill -9 of the API server (test host): not-generating alert at the webhook after (s)"] = round(
         fired - killed, 1
@@ -1043,11 +1061,152 @@ def test_kill_9_of_the_api_server_leaves_no_orphan_and_not_generating_alerts_unt
     FIGURES["kill -9 of the API server under systemd (test host): generating again after (s)"] = round(
         time.monotonic() - start, 1
     )
+    assert until(lambda: in_rotation(host), 60, every=0.5), f"{host} generates but did not come back: {lb_status()}"
+    FIGURES["kill -9 of the API server (test host): back in the balancer's rotation after it generated (s)"] = round(
+        time.time() - back, 1
+    )
     resolved = WEBHOOK.wait_for("GlmdeployNodeNotGenerating", host, "resolved", killed, timeout=120)
     FIGURES["kill -9 of the API server (test host): resolved at the webhook after it generated again (s)"] = round(
         resolved - back, 1
     )
     one_engine_left(before, processes_on(host))
+
+
+def timed_generate(key: str, max_tokens: int = 16, timeout: float = 300) -> dict:
+    """One streamed completion through the balancer, timed: HTTP status (0: the stream broke), when
+    it started, seconds to the reply's first byte (its headers; None if none came) and to its end."""
+    body = {"model": "chatglm3-6b-32k", "prompt": [64790, 64792, 64795, 259, 13, 259, 1028, 3617, 64796]}
+    body |= {"max_tokens": max_tokens, "stream": True}
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+    req = urllib.request.Request(LB_API + "/completions", data=json.dumps(body).encode(), headers=headers)
+    start, first, status = time.monotonic(), None, 0
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            first = time.monotonic() - start
+            for _ in sse.iter_json(resp):
+                pass
+            status = resp.status
+    except urllib.error.HTTPError as err:
+        first, status = time.monotonic() - start, err.code
+    except (OSError, ValueError, sse.StreamError):  # cut short, or an error event mid-stream
+        status = 0
+    return {"start": start, "first_byte_s": first, "total_s": time.monotonic() - start, "status": status}
+
+
+class TimedLoad:
+    """The hung-node drill's load: `streams` threads, each sending one short streamed completion
+    through the balancer per second (paced: a slow reply delays only its own stream)."""
+
+    def __init__(self, key: str, streams: int = 4) -> None:
+        self.key, self.rows, self.stop = key, [], threading.Event()
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(streams)]
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            began = time.monotonic()
+            self.rows.append(timed_generate(self.key))
+            self.stop.wait(max(0.0, 1.0 - (time.monotonic() - began)))
+
+    def __enter__(self) -> TimedLoad:
+        for t in self.threads:
+            t.start()
+        assert until(lambda: len(self.rows) >= len(self.threads), 120, every=0.2), "no load flowed before the drill"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=400)
+
+
+def read_timeout_s() -> float:
+    """The balancer's bound as nginx has it (proxy_read_timeout in the configuration it reads)."""
+    conf = on_host(LB_HOST, "cat /etc/nginx/conf.d/glmdeploy.conf").stdout
+    return float(re.search(r"proxy_read_timeout (\d+)s;", conf).group(1))  # type: ignore[union-attr]
+
+
+def server_of(host: str) -> dict:
+    """The node's API server process: the child of the unit's main process (glmdeploy.procguard)."""
+    guard = int(on_host(host, "systemctl show -p MainPID --value glmdeploy-vllm_server").stdout)
+    return next(p for p in processes_on(host) if p["ppid"] == guard and p["service"] == "vllm_server")
+
+
+@pytest.mark.drill
+def test_a_hung_node_leaves_the_rotation_in_seconds_and_no_request_waits_past_the_bound(fleet):
+    """The case as it was met: 4 paced streams through the balancer, SIGSTOP to the process group
+    of one node's vLLM for 90 s (it keeps accepting connections), then SIGCONT."""
+    host, key, bound = CPU, KEY_FILE.read_text().strip(), read_timeout_s()
+    assert until(lambda: in_rotation(host), 60, every=0.5), lb_status()
+    pgid = int(on_host(host, f"ps -o pgid= -p {server_of(host)['pid']}").stdout)
+    with TimedLoad(key) as load:
+        stopped = time.monotonic()
+        assert on_host(host, f"kill -STOP -- -{pgid}").returncode == 0
+        try:
+            out = until(lambda: not in_rotation(host), 60, every=0.5)
+            out_s = time.monotonic() - stopped
+            reason = lb_status()["nodes"][host]["reason"]
+            load.stop.wait(max(0.0, 90 - (time.monotonic() - stopped)))  # the fault lasts 90 s, as it did
+        finally:
+            on_host(host, f"kill -CONT -- -{pgid}")
+        resumed = time.monotonic()
+        back = until(lambda: in_rotation(host), 180, every=0.5)
+        back_s = time.monotonic() - resumed
+    sent = [r for r in load.rows if stopped <= r["start"] < resumed]
+    waits = [r["first_byte_s"] if r["first_byte_s"] is not None else r["total_s"] for r in sent]
+    hung = [w for w in waits if w > 5]
+    failed = [r for r in sent if r["status"] != 200]
+    late = [w for r, w in zip(sent, waits, strict=True) if r["start"] > stopped + out_s + 1 and w > 5]
+    FIGURES["hung node (SIGSTOP 90 s, 4 paced streams): requests sent / waited > 5 s / failed"] = [
+        len(sent),
+        len(hung),
+        len(failed),
+    ]
+    FIGURES["hung node: out of rotation after (s) / longest wait (s) / bound (s) / back after SIGCONT (s)"] = [
+        round(out_s, 1),
+        round(max(waits), 1),
+        bound,
+        round(back_s, 1),
+    ]
+    assert out and out_s < 15, f"the hung node left the rotation after {out_s:.1f} s: {lb_status()}"
+    assert reason.startswith("hung"), reason
+    assert max(waits) <= bound + 15, f"a request waited {max(waits):.0f} s (bound {bound:.0f} s, then another node)"
+    assert not late, f"{len(late)} requests waited on the node after it left the rotation"
+    assert len(failed) <= len(load.threads), f"{len(failed)} of {len(sent)} failed: more than the streams it held"
+    assert back, f"the node did not come back after SIGCONT: {lb_status()}"
+
+
+@pytest.mark.drill
+def test_kill_9_of_the_engine_alone_retries_the_requests_that_had_not_started(fleet):
+    """kill -9 of the engine process only: the API server stays up for a moment and answers errors;
+    requests that had not started go to other nodes (the balancer retries 500/502/503 and refused
+    connections), so the only failures a user sees are streams that had already started."""
+    host, key = CPU, KEY_FILE.read_text().strip()
+    server = server_of(host)
+    engines = [p for p in processes_on(host) if p["ppid"] == server["pid"] and "EngineCore" in p["cmd"] + p["comm"]]
+    assert len(engines) == 1, f"no single engine process under the API server: {processes_on(host)}"
+    with TimedLoad(key) as load:
+        killed = time.monotonic()
+        assert on_host(host, f"kill -9 {engines[0]['pid']}").returncode == 0
+        out = until(lambda: not in_rotation(host), 60, every=0.5)
+        out_s = time.monotonic() - killed
+        assert node_generates(host), f"{host} did not generate again after its engine was killed"
+        back = until(lambda: in_rotation(host), 120, every=0.5)
+        back_s = time.monotonic() - killed
+    sent = [r for r in load.rows if r["start"] >= killed]
+    failed = [r for r in sent if r["status"] != 200]
+    refused = [r for r in failed if r["status"] != 0]  # an HTTP error: a request that never started
+    FIGURES["kill -9 of the engine (4 paced streams): requests sent / failed (started streams) / HTTP errors"] = [
+        len(sent),
+        len(failed),
+        len(refused),
+    ]
+    FIGURES["kill -9 of the engine: out of rotation after (s) / back in rotation after (s)"] = [
+        round(out_s, 1),
+        round(back_s, 1),
+    ]
+    assert out and back, lb_status()
+    assert not refused, f"requests that had not started failed with {[r['status'] for r in refused]}"
+    assert len(failed) <= len(load.threads), f"{len(failed)} streams broke: more than were running on the node"
 
 
 # The package a drift changes on one host, at the version the cpu lock pins.

@@ -104,6 +104,22 @@ def test_a_server_that_never_answers_is_a_timeout_after_the_probe_timeout(server
     assert 0.5 <= samples(metrics)["glmdeploy_probe_duration_seconds"] < 3
 
 
+def test_a_probe_waiting_on_a_hung_server_shows_its_wait_before_it_times_out(server, builder):
+    """What the balancer's health check reads: the wait is visible while the probe still waits."""
+    server.RequestHandlerClass.mode = "hang"
+    metrics = prober.ProbeMetrics.create()
+    assert samples(metrics)["glmdeploy_probe_in_flight_seconds"] == 0
+    probe = threading.Thread(target=prober.probe_once, args=(client_for(server.server_port, 2.0), builder, metrics))
+    probe.start()
+    deadline, waited = time.monotonic() + 10, 0.0
+    while probe.is_alive() and waited < 1.0 and time.monotonic() < deadline:
+        waited = samples(metrics)["glmdeploy_probe_in_flight_seconds"]
+        time.sleep(0.05)
+    assert waited >= 1.0 and probe.is_alive(), "the wait of a running probe was not exported while it ran"
+    probe.join()
+    assert samples(metrics)["glmdeploy_probe_in_flight_seconds"] == 0
+
+
 def test_a_closed_port_is_unreachable(builder):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

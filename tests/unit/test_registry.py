@@ -135,6 +135,7 @@ trust_remote_code = true
 return_token_ids = false
 extra_args = []
 extra_env = {}
+first_byte_timeout_s = 60
 
 [profile.rocm-x.gpu]
 driver_branch = "6.2"
