@@ -34,6 +34,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -179,6 +180,14 @@ def render(source: str, out: set[str]) -> str:
     return "".join(lines)
 
 
+def replace(path: Path, text: str) -> None:
+    """Write by rename, so nginx (a reload from elsewhere) never reads half a file. The temporary
+    name does not end in .conf: nginx's conf.d include never picks it up."""
+    new = path.with_name(f".{path.name}.new")
+    new.write_text(text)
+    os.replace(new, path)
+
+
 class Balancer:
     """The loop: read the probers, move nodes in and out, write and apply nginx's copy."""
 
@@ -235,13 +244,13 @@ class Balancer:
         target = self.settings.target
         before = target.read_text() if target.exists() else None
         if wanted != before:
-            target.write_text(wanted)
+            replace(target, wanted)
             checked = subprocess.run(self.settings.test_command, capture_output=True, text=True, check=False)
             if checked.returncode != 0:
                 if before is None:
                     target.unlink()
                 else:
-                    target.write_text(before)
+                    replace(target, before)
                 self.fail(f"nginx -t refused the configuration: {checked.stderr.strip()[-500:]}")
                 return
             reloaded = subprocess.run(self.settings.reload_command, capture_output=True, text=True, check=False)
