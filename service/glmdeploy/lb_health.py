@@ -90,7 +90,7 @@ class Reading:
 
     generating: bool | None
     reason: str
-    ok_probes: float = 0.0
+    ok_probes: float | None = None  # the prober's count of good probes (None: it did not answer)
 
 
 def parse_reading(text: str, hang_s: float) -> Reading:
@@ -123,35 +123,39 @@ def read_prober(url: str, timeout_s: float, hang_s: float) -> Reading:
     """Read one node's prober; a refused connection is unknown (no prober), anything else not generating."""
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            text = response.read().decode()
+            return parse_reading(response.read().decode(), hang_s)
     except urllib.error.URLError as exc:
         if isinstance(exc.reason, ConnectionRefusedError):
             return Reading(None, "unwatched: its prober refuses connections (not running)")
         return Reading(False, f"its prober does not answer ({exc.reason})")
-    except (OSError, ValueError) as exc:  # a read timeout, a reset, a cut-off reply
-        return Reading(False, f"its prober does not answer ({exc})")
-    return parse_reading(text, hang_s)
+    except (OSError, ValueError) as exc:  # a read timeout, a reset, a cut-off or malformed reply
+        return Reading(False, f"its prober does not answer properly ({exc})")
 
 
 @dataclass
 class NodeState:
-    """A node's place in the rotation; `ok_when_out`: its count of good probes when it left."""
+    """A node's place in the rotation. `ok_when_out`: its prober's count of good probes at its last
+    failed reading while out; it comes back after `rise` good probes counted from there."""
 
     in_rotation: bool = True
     generating: bool | None = None
     reason: str = "not read yet"
     since: float = field(default_factory=time.time)
     ok_when_out: float = 0.0
+    ok_seen: float = 0.0
 
     def step(self, reading: Reading, rise: int) -> bool:
         """Apply one reading; True when the node entered or left the rotation."""
         self.generating, self.reason = reading.generating, reading.reason
-        if self.in_rotation and reading.generating is False:
-            self.in_rotation, self.ok_when_out, self.since = False, reading.ok_probes, time.time()
-            return True
-        back = reading.generating is None or (
-            reading.generating is True and reading.ok_probes - self.ok_when_out >= rise
-        )
+        if reading.ok_probes is not None:
+            self.ok_seen = reading.ok_probes
+        if reading.generating is False:
+            self.ok_when_out = self.ok_seen  # good probes are counted in a row, from the last failure
+            if self.in_rotation:
+                self.in_rotation, self.since = False, time.time()
+                return True
+            return False
+        back = reading.generating is None or self.ok_seen - self.ok_when_out >= rise
         if not self.in_rotation and back:
             self.in_rotation, self.since = True, time.time()
             return True
@@ -197,7 +201,9 @@ class Balancer:
         self.nodes: dict[str, NodeState] = {}
         self.lock = threading.Lock()
         self.applied_sha256 = ""
+        self.applied_text: str | None = None
         self.error = ""
+        self.error_sha256 = ""
         self.fail_open = False
         self.registry = registry or CollectorRegistry()
         reg, node = self.registry, ["node"]
@@ -220,6 +226,8 @@ class Balancer:
         with self.lock:
             for name in set(self.nodes) - set(names):
                 del self.nodes[name]
+                for gauge in (self.in_rotation, self.generating, self.drained):
+                    gauge.remove(name)
             for name, reading in zip(names, readings, strict=True):
                 state = self.nodes.setdefault(name, NodeState())
                 if state.step(reading, settings.rise):
@@ -229,42 +237,48 @@ class Balancer:
             out = {name for name, state in self.nodes.items() if not state.in_rotation}
             # Fail open: never take out the last nodes that are not drained by hand.
             self.fail_open = bool(out) and not (set(names) - drained - out)
-            self.export(drained)
-        self.apply(source, set() if self.fail_open else out)
+            if self.fail_open:
+                out = set()
+            self.export(drained, out)
+        self.apply(source, out)
 
-    def export(self, drained: set[str]) -> None:
+    def export(self, drained: set[str], out: set[str]) -> None:
         for name, state in self.nodes.items():
-            self.in_rotation.labels(name).set(1 if state.in_rotation and name not in drained else 0)
+            self.in_rotation.labels(name).set(0 if name in out or name in drained else 1)
             self.generating.labels(name).set(math.nan if state.generating is None else float(state.generating))
             self.drained.labels(name).set(1 if name in drained else 0)
 
     def apply(self, source: str, out: set[str]) -> None:
-        """Write nginx's copy if it differs, check it (restore on failure), reload nginx."""
+        """Write nginx's copy and reload nginx when it differs from what nginx last loaded (kept
+        in memory: a file written but not loaded is not taken for applied); a copy nginx -t
+        refuses, or whose reload fails, is replaced by the file that was there."""
         wanted = render(source, out)
-        target = self.settings.target
-        before = target.read_text() if target.exists() else None
-        if wanted != before:
+        digest = hashlib.sha256(source.encode()).hexdigest()
+        if wanted != self.applied_text:
+            target = self.settings.target
+            before = target.read_text() if target.exists() else None
             replace(target, wanted)
-            checked = subprocess.run(self.settings.test_command, capture_output=True, text=True, check=False)
-            if checked.returncode != 0:
-                if before is None:
-                    target.unlink()
-                else:
-                    replace(target, before)
-                self.fail(f"nginx -t refused the configuration: {checked.stderr.strip()[-500:]}")
-                return
-            reloaded = subprocess.run(self.settings.reload_command, capture_output=True, text=True, check=False)
-            if reloaded.returncode != 0:
-                self.fail(f"reloading nginx failed: {reloaded.stderr.strip()[-500:]}")
-                return
-        self.error = ""
+            for what, command in (
+                ("nginx -t refused", self.settings.test_command),
+                ("reloading nginx failed", self.settings.reload_command),
+            ):
+                done = subprocess.run(command, capture_output=True, text=True, check=False)
+                if done.returncode != 0:
+                    if before is None:
+                        target.unlink()
+                    else:
+                        replace(target, before)
+                    self.fail(f"{what}: {(done.stderr or done.stdout).strip()[-500:]}", digest)
+                    return
+            self.applied_text = wanted
+        self.error, self.error_sha256 = "", ""
         self.config_error.set(0)
-        self.applied_sha256 = hashlib.sha256(source.encode()).hexdigest()
+        self.applied_sha256 = digest
 
-    def fail(self, message: str) -> None:
+    def fail(self, message: str, digest: str = "") -> None:
         if message != self.error:
             print(message, file=sys.stderr, flush=True)
-        self.error = message
+        self.error, self.error_sha256 = message, digest
         self.config_error.set(1)
 
     def status(self) -> dict[str, object]:
@@ -278,6 +292,8 @@ class Balancer:
             "fail_open": self.fail_open,
             "source_sha256": self.applied_sha256,
             "error": self.error,
+            # the rendered source the error is about ("" for an error of a whole round)
+            "error_source_sha256": self.error_sha256,
         }
 
 

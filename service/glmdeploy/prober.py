@@ -106,13 +106,18 @@ class ProbeMetrics:
     def __post_init__(self) -> None:
         # Not measured yet is not a value: NaN until the first probe (a labelled gauge, where a value
         # may never come - no memory measure, no baseline - is absent until it does).
-        for gauge in (self.first_token, self.duration, self.varied):
+        # (success too: a prober that has not finished a probe yet has no verdict, which the
+        # balancer must not take for a failure.)
+        for gauge in (self.success, self.first_token, self.duration, self.varied):
             gauge.set(float("nan"))
         self.probe_started: float | None = None
         # Read at scrape time: a probe stuck on a hung server is seen while it waits.
-        self.in_flight.set_function(
-            lambda: 0.0 if self.probe_started is None else time.monotonic() - self.probe_started
-        )
+        self.in_flight.set_function(self.waited_s)
+
+    def waited_s(self) -> float:
+        """How long the running probe has run (0: none); read once, the probe thread may end it meanwhile."""
+        started = self.probe_started
+        return 0.0 if started is None else time.monotonic() - started
 
 
 @dataclass

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -161,3 +164,61 @@ def test_the_applied_source_digest_follows_the_source(fleet):
     fleet.balancer.poll()
     assert fleet.balancer.status()["source_sha256"] not in ("", first)
     assert fleet.down_in_target() == {"node1", "node3"}
+
+
+def test_good_probes_are_counted_in_a_row_from_the_last_failure(fleet):
+    fleet.probe("node1", "timeout")
+    fleet.balancer.poll()
+    fleet.probe("node1", "ok")
+    fleet.balancer.poll()
+    fleet.probe("node1", "server_error")
+    fleet.balancer.poll()
+    fleet.probe("node1", "ok")
+    fleet.balancer.poll()
+    assert "node1" in fleet.down_in_target(), "good, failed, good brought the node back (rise is 2 in a row)"
+    fleet.probe("node1", "ok")
+    fleet.balancer.poll()
+    assert fleet.down_in_target() == {"node3"}
+
+
+def test_a_reload_that_fails_is_not_reported_applied_and_is_tried_again(fleet):
+    fleet.balancer.poll()
+    good = fleet.target.read_text()
+    fleet.settings["reload_command"] = ["sh", "-c", "echo 'nginx.service is not active' >&2; exit 1"]
+    fleet.write()
+    fleet.probe("node1", "server_error")
+    fleet.balancer.poll()
+    fleet.balancer.poll()
+    assert fleet.target.read_text() == good, "a copy nginx did not load was left as if it had"
+    assert "not active" in fleet.balancer.status()["error"]
+    fleet.settings["reload_command"] = ["sh", "-c", f"echo reload >> {fleet.reloads}"]
+    fleet.write()
+    fleet.balancer.poll()
+    assert fleet.down_in_target() == {"node1", "node3"} and fleet.balancer.status()["error"] == ""
+
+
+def test_a_malformed_prober_reply_takes_that_node_out_and_the_others_are_still_read(fleet, tmp_path):
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "metrics").write_text("glmdeploy_probe_success{ this is not the exposition format\n")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(SimpleHTTPRequestHandler, directory=str(junk)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        fleet.settings["probers"]["node1"] = f"http://127.0.0.1:{server.server_port}/metrics"
+        fleet.write()
+        fleet.balancer.poll()
+    finally:
+        server.shutdown()
+    assert fleet.down_in_target() == {"node1", "node3"}, "the round stopped at the malformed reply"
+    assert "does not answer properly" in fleet.balancer.status()["nodes"]["node1"]["reason"]
+
+
+def test_a_prober_that_has_not_finished_a_probe_gives_no_verdict(fleet):
+    fleet.metrics["node1"] = fresh = prober.ProbeMetrics.create()
+    port = free_port()
+    start_http_server(port, addr="127.0.0.1", registry=fresh.registry)
+    fleet.settings["probers"]["node1"] = f"http://127.0.0.1:{port}/metrics"
+    fleet.write()
+    fleet.balancer.poll()
+    node1 = fleet.balancer.status()["nodes"]["node1"]
+    assert node1["in_rotation"] is True and node1["generating"] is None, node1
