@@ -8,6 +8,7 @@ proves them against nginx on the test hosts.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import threading
@@ -69,6 +70,11 @@ class Fleet:
 
     def write(self) -> None:
         self.config.write_text(json.dumps(self.settings))
+
+    def failing(self, command: str, message: str) -> None:
+        """nginx's check or reload (`test_command`, `reload_command`) failing with this message."""
+        self.settings[command] = ["sh", "-c", f"echo '{message}' >&2; exit 1"]
+        self.write()
 
     def probe(self, name: str, result: str) -> None:
         """What the node's prober records after a probe with this result."""
@@ -147,13 +153,14 @@ def test_a_prober_that_refuses_connections_leaves_the_node_to_nginx(fleet):
 def test_a_configuration_nginx_refuses_is_put_back_and_reported(fleet):
     fleet.balancer.poll()
     good = fleet.target.read_text()
-    fleet.settings["test_command"] = ["sh", "-c", "echo 'unknown directive' >&2; exit 1"]
-    fleet.write()
+    fleet.failing("test_command", "unknown directive")
     fleet.probe("node1", "server_error")
     fleet.balancer.poll()
     assert fleet.target.read_text() == good, "a configuration nginx refused was left in place"
     status = fleet.balancer.status()
-    assert "unknown directive" in status["error"] and status["source_sha256"], status
+    assert "unknown directive" in status["error"], status
+    # Ansible's wait ends on an error only when it is about the file it rendered.
+    assert status["error_source_sha256"] == status["source_sha256"] == hashlib.sha256(SOURCE.encode()).hexdigest()
 
 
 def test_the_applied_source_digest_follows_the_source(fleet):
@@ -184,8 +191,7 @@ def test_good_probes_are_counted_in_a_row_from_the_last_failure(fleet):
 def test_a_reload_that_fails_is_not_reported_applied_and_is_tried_again(fleet):
     fleet.balancer.poll()
     good = fleet.target.read_text()
-    fleet.settings["reload_command"] = ["sh", "-c", "echo 'nginx.service is not active' >&2; exit 1"]
-    fleet.write()
+    fleet.failing("reload_command", "nginx.service is not active")
     fleet.probe("node1", "server_error")
     fleet.balancer.poll()
     fleet.balancer.poll()
