@@ -20,8 +20,9 @@ The configuration Ansible renders (--config's `source`: drains applied, `down` o
 stays the only description of the balancer; this service writes nginx's copy of it (`target`)
 with `down` added to the server lines of the nodes out of rotation (lines end with `# <node>`),
 checks it with `nginx -t` (the previous copy is put back if it fails) and reloads nginx, which
-lets in-flight requests finish on the old workers. It re-reads `source` and the settings when
-they change, and serves /status (JSON: each node, in rotation or not and why, and the digest of
+lets in-flight requests finish on the old workers. It reads `source` and the settings every
+round (two small files: a drain or a new node takes effect within a second, with no signal to
+send), and serves /status (JSON: each node, in rotation or not and why, and the digest of
 the source it applied: what Ansible waits for) and /metrics.
 
 It runs on the balancer with the distribution's Python and prometheus_client (Debian's

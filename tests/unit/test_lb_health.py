@@ -84,6 +84,12 @@ class Fleet:
         for other in prober.RESULTS:
             metrics.last_result.labels(other).set(1 if other == result else 0)
 
+    def rounds(self, name: str, *results: str) -> None:
+        """One probe of the node with each result, each followed by one round of the balancer."""
+        for result in results:
+            self.probe(name, result)
+            self.balancer.poll()
+
     def down_in_target(self) -> set[str]:
         return lb_health.drained_in(self.target.read_text())
 
@@ -174,17 +180,9 @@ def test_the_applied_source_digest_follows_the_source(fleet):
 
 
 def test_good_probes_are_counted_in_a_row_from_the_last_failure(fleet):
-    fleet.probe("node1", "timeout")
-    fleet.balancer.poll()
-    fleet.probe("node1", "ok")
-    fleet.balancer.poll()
-    fleet.probe("node1", "server_error")
-    fleet.balancer.poll()
-    fleet.probe("node1", "ok")
-    fleet.balancer.poll()
+    fleet.rounds("node1", "timeout", "ok", "server_error", "ok")
     assert "node1" in fleet.down_in_target(), "good, failed, good brought the node back (rise is 2 in a row)"
-    fleet.probe("node1", "ok")
-    fleet.balancer.poll()
+    fleet.rounds("node1", "ok")
     assert fleet.down_in_target() == {"node3"}
 
 
