@@ -85,7 +85,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: soak output-lock image image-smoke e2e-image test-inputs test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e e2e-node e2e-hosts test clean
+.PHONY: firewall keys soak output-lock image image-smoke e2e-image test-inputs test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e e2e-node e2e-hosts test clean
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -215,6 +215,16 @@ undeploy: tools ## Stop the services and remove the deployment (keeps artifacts/
 lb: tools ## Configure the load balancer (INVENTORY's glmdeploy_lb group) in front of the nodes
 	$(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/lb.yml $(ANSIBLE_ARGS)
 
+firewall: tools ## Keep each node's vLLM, UI and exporter ports to the balancer and the monitoring host (nftables; part of make deploy)
+	$(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/firewall.yml $(ANSIBLE_ARGS)
+
+# The control node's store of user keys (digests); roles/load_balancer's load_balancer_keys_store.
+KEYS_STORE := $(ARTIFACTS)/secrets/api-keys.json
+keys: tools ## API keys at the balancer: ADD=<name> creates one (shown once), REVOKE=<name> removes one; neither: list with last use
+	@$(TOOLS)/bin/python -m glmdeploy_control.keys --store $(KEYS_STORE) --inventory $(INVENTORY) \
+	  $(if $(ADD),--add "$(ADD)") $(if $(REVOKE),--revoke "$(REVOKE)") \
+	  $(if $(ADD)$(REVOKE),-- $(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/keys.yml $(ANSIBLE_ARGS))
+
 drain: tools ## Take HOST out of the load balancer (in-flight requests finish; it stays drained until undrain)
 	@test -n "$(HOST)" || { echo "error: HOST=<inventory name of a node> is required"; exit 2; }
 	$(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/lb.yml -e '{"load_balancer_drain": ["$(HOST)"]}' $(ANSIBLE_ARGS)
@@ -294,7 +304,7 @@ lint: tools $(PROMTOOL) ## ansible-lint (production profile), yamllint, ruff, my
 	$(PROMTOOL) test rules tests/monitoring/rules.test.yml
 	yamllint -s .
 	ansible-lint --profile production --strict playbooks roles tests/scenarios
-	ansible-playbook -i playbooks/localhost.ini --syntax-check playbooks/site.yml playbooks/undeploy.yml playbooks/smoke.yml playbooks/driver.yml playbooks/baseline.yml playbooks/output_lock.yml playbooks/soak.yml playbooks/lb.yml playbooks/rollout.yml playbooks/rollback.yml playbooks/releases.yml playbooks/image_smoke.yml playbooks/monitor.yml
+	ansible-playbook -i playbooks/localhost.ini --syntax-check playbooks/site.yml playbooks/undeploy.yml playbooks/smoke.yml playbooks/driver.yml playbooks/baseline.yml playbooks/output_lock.yml playbooks/soak.yml playbooks/lb.yml playbooks/rollout.yml playbooks/rollback.yml playbooks/releases.yml playbooks/image_smoke.yml playbooks/monitor.yml playbooks/keys.yml playbooks/firewall.yml
 	ruff check service smoke_tests tests constraints roles plugins library module_utils
 	$(TOOLS)/bin/mypy --config-file service/pyproject.toml service/glmdeploy service/glmdeploy_control module_utils tests/support/fixture_model
 	$(TOOLS)/bin/python tests/lint/role_docs.py --check

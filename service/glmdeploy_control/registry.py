@@ -67,9 +67,11 @@ class Image:
 
 @dataclass(frozen=True)
 class Balancer:
-    """The balancer's own service: glmdeploy-lb-health (roles/load_balancer)."""
+    """The balancer's own services: glmdeploy-lb-health and glmdeploy-lb-keys (roles/load_balancer)."""
 
     health_port: int
+    #: The API keys service: nginx asks it about every request's key; /keys and /metrics.
+    keys_port: int
     #: A generation probe that has waited this long with no reply: the node is hung.
     hang_s: float
 

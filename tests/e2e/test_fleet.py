@@ -20,11 +20,14 @@ One `make deploy` from this GPU-less machine gives each host its own profile.
 from __future__ import annotations
 
 import base64
+import http.client
 import io
 import json
 import os
 import re
 import shutil
+import socket
+import ssl
 import subprocess
 import sys
 import tarfile
@@ -209,6 +212,10 @@ def write_inventory(base: Path) -> Path:
     text += (
         f"\n[all:vars]\nmonitoring_alert_webhook_url={WEBHOOK.url()}\nmonitoring_group_interval=10s\n"
         "monitoring_scrape_interval=10s\n"
+    )
+    # bob's limits of its own (the keys test): two requests a second, two at once beyond, one running.
+    text += (
+        '\n[glmdeploy_lb:vars]\nload_balancer_key_limits={"bob": {"rate": "120r/m", "burst": 2, "concurrency": 1}}\n'
     )
     inventory = STATE / "fleet.ini"
     inventory.write_text(text)
@@ -408,6 +415,40 @@ def test_hosts_have_no_route_out(fleet, host):
     assert "default" not in out.stdout and "10.77.0.0/24" in out.stdout
 
 
+def node_ports(host: str) -> dict[str, int]:
+    """The kit's ports a node listens on beyond loopback (the GPU exporter on the GPU profile only)."""
+    services = REGISTRY["kit"]["services"]
+    ports = {name: services[name]["port"] for name in ("vllm_server", "chat_ui", "prober")} | {"node exporter": 9100}
+    return ports | ({"gpu exporter": services["gpu_exporter"]["port"]} if host == GPU else {})
+
+
+def opens_from(source: str | None, host: str, port: int) -> bool:
+    """Whether a TCP connection to the node's address opens, from this machine (None) or a test host."""
+    address = hostctl.host_ip(host)
+    if source is None:
+        try:
+            socket.create_connection((address, port), timeout=5).close()
+            return True
+        except OSError:
+            return False
+    probe = f"python3 -c 'import socket; socket.create_connection((\"{address}\", {port}), 5).close()'"
+    return on_host(source, probe).returncode == 0
+
+
+def test_node_ports_open_to_the_balancer_and_monitor_only_and_ssh_stays_open(fleet):
+    """This machine is neither balancer nor monitor (the first host is both): it is refused; the
+    first host reaches every node; each node reaches its own ports over loopback."""
+    for host in HOSTS:
+        for name, port in node_ports(host).items():
+            assert opens_from(LB_HOST, host, port), f"the balancer cannot reach {host}'s {name} ({port})"
+            assert not opens_from(None, host, port), f"{host}'s {name} ({port}) is open to a host that is neither"
+        rules = on_host(host, "nft list table inet glmdeploy_firewall").stdout
+        assert hostctl.host_ip(LB_HOST) in rules and "reject with tcp reset" in rules, rules
+        assert on_host(host, "systemctl is-enabled glmdeploy-firewall").stdout.strip() == "enabled"
+    # Through the balancer the API still works, and SSH (every on_host above) was never cut.
+    assert lb_generate(KEY_FILE.read_text().strip())[0] == 200
+
+
 # ---------------------------------------------------------------- the gpu-cu121 rehearsal node (the last host)
 
 
@@ -604,6 +645,170 @@ def test_api_beyond_localhost_requires_the_key_and_the_key_stays_secret(fleet):
     assert out.stdout.split() == ["root", "600", "root", "glmdeploy", "640", "0"], out.stdout
     leaked = [log.name for log in E2E_LOGS.glob("**/*.log") if key in log.read_text()]
     assert not leaked, f"the API key appears in {leaked}"
+
+
+KEYS = f"http://{hostctl.host_ip(LB_HOST)}:{REGISTRY['kit']['balancer']['keys_port']}"
+
+
+def lb_request(key: str, path: str = "/completions", body: dict | None = None) -> tuple[int, dict[str, str], bytes]:
+    """One plain request through the balancer: (status, headers, body)."""
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+    req = urllib.request.Request(LB_API.removesuffix("/v1") + path, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read()
+
+
+class HeldStream(threading.Thread):
+    """A streamed completion of `tokens` tokens (EOS ignored) through the balancer, read up to its
+    first token and then held until `release` is set: with a small receive window the balancer
+    cannot hand the rest over, so the request is still running at the balancer meanwhile,
+    whichever node serves it (the rehearsal node's stand-in generates in a moment)."""
+
+    def __init__(self, key: str, tokens: int) -> None:
+        super().__init__(daemon=True)
+        self.key, self.tokens = key, tokens
+        self.started, self.release = threading.Event(), threading.Event()
+        self.status, self.received = 0, 0
+
+    def run(self) -> None:
+        body = {"model": "chatglm3-6b-32k", "prompt": [64790, 64792, 64795, 259, 13, 259, 1028, 3617, 64796]}
+        body |= {"max_tokens": self.tokens, "stream": True, "ignore_eos": True}
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.key}"}
+        parts = urllib.parse.urlsplit(LB_API)
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=300)
+        conn.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window
+            conn.sock.settimeout(300)
+            conn.sock.connect((parts.hostname, parts.port))
+            conn.request("POST", parts.path + "/completions", json.dumps(body), headers)
+            resp = conn.getresponse()
+            self.status = resp.status
+            for _ in sse.iter_json(resp):
+                self.received += 1
+                self.started.set()
+                self.release.wait(300)
+        except (OSError, ValueError, sse.StreamError):
+            self.status = 0
+        finally:
+            conn.close()
+            self.started.set()
+
+
+def test_user_keys_a_revoked_key_is_refused_at_once_while_running_streams_finish_and_limits_answer_429(fleet):
+    def keys(*args: str) -> subprocess.CompletedProcess[str]:
+        return make("keys", f"INVENTORY={fleet['inventory']}", *args, timeout=300)
+
+    store = ROOT / "artifacts" / "secrets" / "api-keys.json"
+    if store.exists():  # left by an earlier run on this checkout: this test's names start afresh
+        kept = {n: v for n, v in json.loads(store.read_text())["keys"].items() if n not in ("alice", "bob")}
+        store.write_text(json.dumps({"keys": kept}))
+    refused = keys("ADD=Bad-Name")
+    assert refused.returncode != 0 and "not a plain identifier" in refused.stderr
+    added = {name: keys(f"ADD={name}") for name in ("alice", "bob")}
+    assert all(out.returncode == 0 for out in added.values()), [out.stdout[-1500:] for out in added.values()]
+    key = {name: re.findall(r"^glm-\S+$", out.stdout, re.M)[-1] for name, out in added.items()}
+    stored = json.loads(store.read_text())
+    assert key["alice"] not in json.dumps(stored) and set(stored["keys"]) >= {"alice", "bob"}
+    assert lb_generate(key["alice"])[0] == 200 and lb_generate(key["bob"])[0] == 200
+    # Streams of both users running at the balancer across alice's revoke.
+    streams = {name: HeldStream(key[name], 600) for name in ("alice", "bob")}
+    for stream in streams.values():
+        stream.start()
+        assert stream.started.wait(60) and stream.status == 200 and stream.received == 1, "a stream did not start"
+    # bob's own limit: one request running at a time.
+    status, headers, body = lb_request(key["bob"], body={"model": "chatglm3-6b-32k", "prompt": "hi", "max_tokens": 1})
+    assert status == 429 and headers.get("Retry-After") == "1" and b"concurrent" in body, (status, body[:300])
+    revoked = keys("REVOKE=alice")
+    done = time.time()
+    assert revoked.returncode == 0, revoked.stdout[-2000:]
+    assert lb_generate(key["alice"])[0] == 401, "a revoked key was let in after make keys returned"
+    for name, stream in streams.items():
+        stream.release.set()
+        stream.join(300)
+        assert stream.status == 200 and stream.received == 600, (
+            f"{name}'s stream: {stream.status}, {stream.received} tokens"
+        )
+    # The balancer logs a request when it ends: both streams ended after the revoke.
+    log = on_host(LB_HOST, "cat /var/log/nginx/glmdeploy-api.log").stdout
+    for name in streams:
+        ends = [float(t) for t in re.findall(rf"t=(\d+\.\d+) .*key={name} \"POST /v1/completions[^\"]*\" 200", log)]
+        assert max(ends) > done, f"{name}'s stream had ended at the balancer before the revoke: it proves nothing"
+    # bob's rate: 2 a second and 2 beyond; ten at once are more.
+    answers = [lb_request(key["bob"], "/v1/models") for _ in range(10)]
+    limited = [(s, h) for s, h, _ in answers if s == 429]
+    assert limited and all(h.get("Retry-After") == "1" for _, h in limited), [s for s, _, _ in answers]
+    assert {s for s, _, _ in answers} == {200, 429}
+    # Only the API passes the balancer; the nodes' other routes are for the monitoring host.
+    for path in ("/metrics", "/health", "/version", "/"):
+        assert lb_request(key["bob"], path)[0] == 404, path
+    # Counted per name: the keys service, Prometheus and the balancer's log, and never the key.
+    with urllib.request.urlopen(KEYS + "/metrics", timeout=10) as resp:
+        metrics = resp.read().decode()
+    assert re.search(r'glmdeploy_lb_key_limited_total\{key="bob",limit="rate"\} [1-9]', metrics), metrics[-2000:]
+    bob_counted = 'glmdeploy_lb_key_requests_total{job="lb_keys",key="bob"} >= 3'
+    counted = until(lambda: prom("/api/v1/query", query=bob_counted)["data"]["result"], 60)
+    assert counted, "Prometheus has no request count for bob"
+    log = on_host(LB_HOST, "cat /var/log/nginx/glmdeploy-api.log").stdout
+    assert key["bob"] not in log and key["alice"] not in log
+    listing = keys()
+    assert listing.returncode == 0 and re.search(r"^bob\s+\S+\s+20\d\d-", listing.stdout, re.M), listing.stdout
+    assert not re.search(r"^alice\s", listing.stdout, re.M)
+
+
+OPENAI_TLS = """
+import json, sys
+import httpx
+from openai import OpenAI
+node = json.load(open('/etc/glmdeploy/node.json'))
+url, ca = sys.argv[1], sys.argv[2]
+client = OpenAI(base_url=url, api_key=node['api_key'], http_client=httpx.Client(verify=ca or True), max_retries=0)
+try:
+    messages = [{'role': 'user', 'content': 'hi'}]
+    reply = client.chat.completions.create(model=node['served_model_name'], messages=messages, max_tokens=4)
+    print(json.dumps({'ok': True, 'text': reply.choices[0].message.content}))
+except Exception as exc:
+    print(json.dumps({'ok': False, 'error': f'{type(exc).__name__}: {exc} {exc.__cause__!r}'}))
+"""
+
+
+def test_tls_at_the_balancer_an_openai_client_verifies_the_lab_ca_and_plain_http_gets_no_api(fleet):
+    """make lb with TLS on (the kit's lab CA), then back to plain HTTP for the tests after."""
+    tls = make("lb", f"INVENTORY={fleet['inventory']}", "ANSIBLE_ARGS=-e load_balancer_tls=true")
+    try:
+        assert tls.returncode == 0, tls.stdout[-3000:]
+        ca_dir = ROOT / "artifacts" / "secrets" / "tls"
+        assert (ca_dir / "ca.key").stat().st_mode & 0o777 == 0o600 and ca_dir.stat().st_mode & 0o777 == 0o700
+        address = hostctl.host_ip(LB_HOST)
+        on_host(GPU, f"cat > /tmp/lab-ca.crt <<'EOF'\n{(ca_dir / 'ca.crt').read_text()}EOF")
+
+        def chat(url: str, ca: str) -> dict:
+            out = on_host(
+                GPU, f"cd /tmp && /opt/glmdeploy/current/venv/bin/python - {url} '{ca}' <<'PY'\n{OPENAI_TLS}\nPY"
+            )
+            assert out.returncode == 0, out.stderr[-2000:]
+            return json.loads(out.stdout.strip().splitlines()[-1])
+
+        verified = chat(f"https://{address}:9000/v1", "/tmp/lab-ca.crt")
+        assert verified["ok"] and verified["text"] is not None, verified
+        untrusted = chat(f"https://{address}:9000/v1", "")  # the system's CAs only: the lab CA is not among them
+        assert not untrusted["ok"] and "CERTIFICATE_VERIFY_FAILED" in untrusted["error"], untrusted
+        status, _, body = lb_request(KEY_FILE.read_text().strip(), "/v1/models")
+        assert status == 400 and b"HTTPS only" in body, (status, body[:300])
+        plain_ui = http.client.HTTPConnection(address, 9501, timeout=10)
+        plain_ui.request("GET", "/")
+        moved = plain_ui.getresponse()
+        assert (moved.status, moved.getheader("Location")) == (301, f"https://{address}:9501/")
+        context = ssl.create_default_context(cafile=str(ca_dir / "ca.crt"))
+        with urllib.request.urlopen(f"https://{address}:9501/", context=context, timeout=10) as page:
+            assert page.status == 200 and b"<html" in page.read().lower()
+    finally:
+        plain = make("lb", f"INVENTORY={fleet['inventory']}")
+    assert plain.returncode == 0 and lb_generate(KEY_FILE.read_text().strip())[0] == 200
 
 
 def test_drained_node_gets_no_requests_until_undrained(fleet):
@@ -974,7 +1179,9 @@ def test_prometheus_scrapes_every_target_and_the_kit_names_have_values_for_every
     jobs = {(t["labels"]["job"], t["labels"].get("node")) for t in targets}
     assert {("vllm", h) for h in HOSTS} | {("prober", h) for h in HOSTS} | {("node", h) for h in HOSTS} <= jobs
     assert ("gpu", GPU) in jobs and not {("gpu", h) for h in CPU_HOSTS} & jobs, "GPU exporter on GPU profiles only"
-    assert ("nginx", LB_HOST) in jobs and ("lb", LB_HOST) in jobs, "the balancer's exporter or health service"
+    assert {("nginx", LB_HOST), ("lb", LB_HOST), ("lb_keys", LB_HOST)} <= jobs, (
+        "the balancer's exporter, health or keys service"
+    )
     assert set(prom_values("vllm:gpu_cache_usage_perc")) == {GPU}, "vLLM 0.4.3's name, on the rehearsal node"
     assert set(prom_values("vllm:kv_cache_usage_perc")) == set(CPU_HOSTS), "the current name, on the cpu nodes"
 

@@ -14,7 +14,9 @@ support: they run their releases from the kit's image (glmdeploy_runtime=contain
 inventory). Two things of the test harness, not of the kit, let podman run inside nspawn there: a
 containers.conf drop-in (no session keyring, no cgroups of its own: nspawn gives neither) and the
 kit's image store on a directory of this machine bound in (overlay cannot stack on the host's
-overlay root).
+overlay root). Each host gets CAP_NET_ADMIN (nspawn grants it only with a network namespace of
+its own making): the kit's node firewall loads nftables rules there, in the host's own network
+namespace.
 
 Usage (root): hostctl.py up N [--debian13 K] | down | status | golden
 """
@@ -277,8 +279,8 @@ def boot(name: str, merged: Path, binds: tuple[str, ...] = ()) -> int:
     script = (
         f"{join} mkdir -p /run/systemd/nspawn && mount -t tmpfs tmpfs /run/systemd/nspawn && "
         f"exec systemd-nspawn -q -D {merged} -M {name} -b --register=no --keep-unit "
-        f"--network-namespace-path=/run/netns/glm-{name} --resolv-conf=off --timezone=off --console=pipe"
-        + "".join(f" --bind={bind}" for bind in binds)
+        f"--network-namespace-path=/run/netns/glm-{name} --capability=CAP_NET_ADMIN "
+        "--resolv-conf=off --timezone=off --console=pipe" + "".join(f" --bind={bind}" for bind in binds)
     )
     logf = (STATE / name / "console.log").open("ab")
     proc = subprocess.Popen(

@@ -5,13 +5,11 @@ finding, apart from a node that is down or whose generation fails."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
-import pytest
+from local_play import run_tasks
 
 ROOT = Path(__file__).resolve().parents[2]
-PLAYBOOK = ROOT / ".venv" / "tools" / "bin" / "ansible-playbook"
 TEMPLATE = ROOT / "roles" / "node_metrics" / "templates" / "status.json.j2"
 
 PROBER = """# HELP glmdeploy_probe_success 1 when the last probe generated properly
@@ -30,7 +28,6 @@ glmdeploy_probe_last_result{{result="timeout"}} {timeout}
 def rendered(tmp_path: Path, prober_metrics: str) -> dict[str, str]:
     """The rows the template writes for a node whose prober serves these metrics."""
     facts = {
-        "ansible_python_interpreter": str(PLAYBOOK.parent / "python"),
         "glmdeploy_monitor_hosts": ["lb"],
         "glmdeploy_profile": "cpu",
         "node_metrics_hang_s": 6.0,
@@ -44,39 +41,11 @@ def rendered(tmp_path: Path, prober_metrics: str) -> dict[str, str]:
             ]
         },
     }
-    (tmp_path / "vars.json").write_text(json.dumps(facts))
     out = tmp_path / "exporters.json"
-    play = [
-        {
-            "hosts": "localhost",
-            "gather_facts": False,
-            "tasks": [{"ansible.builtin.template": {"src": str(TEMPLATE), "dest": str(out), "mode": "0644"}}],
-        }
-    ]
-    (tmp_path / "play.yml").write_text(json.dumps(play))
-    proc = subprocess.run(
-        [
-            str(PLAYBOOK),
-            "-i",
-            "localhost,",
-            "-c",
-            "local",
-            "-e",
-            f"@{tmp_path / 'vars.json'}",
-            str(tmp_path / "play.yml"),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=tmp_path,
-    )
+    task = {"ansible.builtin.template": {"src": str(TEMPLATE), "dest": str(out), "mode": "0644"}}
+    proc = run_tasks(tmp_path, [task], facts)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return dict(json.loads(out.read_text()))
-
-
-@pytest.fixture(autouse=True)
-def _tools() -> None:
-    assert PLAYBOOK.exists(), "the tools environment is missing; fix: make tools (make unit builds it first)"
 
 
 def test_a_probe_waiting_past_the_hang_threshold_is_named_hung_not_down(tmp_path):
