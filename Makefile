@@ -58,8 +58,10 @@ MODEL_DIR ?= $(ARTIFACTS)/models/$(REG_MODEL.$(PROFILE))
 # MODELS/<model name>/SHA256SUMS); set it when a deploy used model_source_dir elsewhere.
 MODELS    ?= $(ARTIFACTS)/models
 PYTEST_ARGS ?=
-# make bench: the endpoint (default: this machine's deployed node) and extra bench arguments.
+# make bench: the endpoint (default: this machine's deployed node), what to run (sweep, or
+# matrix: the concurrency levels) and extra bench arguments.
 NODE_CONFIG ?= /etc/glmdeploy/node.json
+BENCH     ?= sweep
 URL       ?=
 MODEL     ?= $(REG_SERVED_MODEL)
 # make rollout: nodes per batch, and the share of a batch that may fail before it stops (percent).
@@ -264,10 +266,10 @@ monitor: tools ## Apply just the monitoring: the nodes' exporters, the balancer'
 smoke: tools ## Run the smoke suite on every node of INVENTORY; reports land in reports/smoke/
 	ansible-playbook -i $(INVENTORY) playbooks/smoke.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 
-bench: tools ## Benchmark this node's server (or URL=... MODEL=...); JSON + PNG plots in reports/bench/ (BENCH_ARGS=...)
-	$(TOOLS)/bin/python -m glmdeploy.bench run \
+bench: tools ## Benchmark this node's server (or URL=... MODEL=...): a request-rate sweep with goodput (BENCH=matrix: concurrency levels); JSON + PNG in reports/bench/ (BENCH_ARGS=...)
+	$(TOOLS)/bin/python -m glmdeploy.bench $(if $(filter matrix,$(BENCH)),run,sweep) \
 	  $(if $(URL),--url $(URL) --model $(MODEL),--node-config $(NODE_CONFIG)) \
-	  --json reports/bench/bench.json --plots reports/bench $(BENCH_ARGS)
+	  --json reports/bench/$(if $(filter matrix,$(BENCH)),bench,sweep).json --plots reports/bench $(BENCH_ARGS)
 
 baseline: tools ## Record the throughput baseline of INVENTORY's first node (smoke_tests/baselines/<profile>-<class>.json)
 	ansible-playbook -i $(INVENTORY) playbooks/baseline.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)

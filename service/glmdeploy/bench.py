@@ -14,22 +14,24 @@ exactly its output length (eos and stop ids ignored), so two runs compare.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import itertools
 import json
 import os
 import platform
 import random
+import re
 import shlex
 import statistics
 import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from glmdeploy import sizing
+from glmdeploy import loadgen, sizing
 from glmdeploy.client import ApiClient
 from glmdeploy.config import NodeConfig
 
@@ -62,6 +64,9 @@ class LevelResult:
     itl_ms: dict[str, float]
     e2e_ms: dict[str, float]
     decode_tokens_per_s_per_stream: float
+    #: How late the client's event loop ran (glmdeploy.loadgen.LoopLag): large values mean the
+    #: client, not the server, set the latencies.
+    client_lag_ms: dict[str, float] = field(default_factory=dict)
 
 
 def make_prompts(count: int, input_len: int, seed: int = SEED) -> list[list[int]]:
@@ -104,14 +109,34 @@ def percentiles(values: Sequence[float]) -> dict[str, float]:
     }
 
 
+def level_bodies(client: ApiClient, prompts: Sequence[list[int]], output_len: int) -> list[dict[str, Any]]:
+    """Streamed requests that must each produce exactly output_len tokens."""
+    bodies = []
+    for prompt in prompts:
+        body = client.completion_body(prompt, output_len, 0.0, 1.0, stream=True, ignore_eos=True)
+        body["stop_token_ids"] = []  # exact lengths: random-weight models emit stop ids too
+        bodies.append(body)
+    return bodies
+
+
+def target_of(client: ApiClient) -> loadgen.Target:
+    return loadgen.Target(client.base_url, client.model, client.api_key)
+
+
 def run_level(client: ApiClient, input_len: int, output_len: int, concurrency: int, requests: int) -> LevelResult:
-    """Warm up with one request (not counted), then keep `concurrency` streams busy for `requests` requests."""
+    """Warm up with one request (not counted), then keep `concurrency` streams busy for `requests`
+    requests, all from one event loop (glmdeploy.loadgen). Any failed request fails the level."""
     prompts = make_prompts(requests + 1, input_len)
     one_request(client, prompts[0], min(output_len, 8))
-    start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        results = list(pool.map(lambda p: one_request(client, p, output_len), prompts[1:]))
-    duration = time.perf_counter() - start
+    bodies = level_bodies(client, prompts[1:], output_len)
+    results, lag, duration = asyncio.run(
+        loadgen.run(
+            target_of(client), bodies, [0.0] * requests, max_concurrency=concurrency, timeout_s=client.timeout_s
+        )
+    )
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {requests} requests failed, the first: {failed[0].error or 'cut short'}")
     total_tokens = sum(r.output_tokens for r in results)
     itl = [gap for r in results for gap in r.itl_s]
     decode = [(r.output_tokens - 1) / (r.e2e_s - r.ttft_s) for r in results if r.e2e_s > r.ttft_s]
@@ -127,6 +152,7 @@ def run_level(client: ApiClient, input_len: int, output_len: int, concurrency: i
         itl_ms=percentiles(itl),
         e2e_ms=percentiles([r.e2e_s for r in results]),
         decode_tokens_per_s_per_stream=round(statistics.median(decode), 1) if decode else 0.0,
+        client_lag_ms=lag,
     )
 
 
@@ -196,6 +222,222 @@ def hardware_class(info: dict[str, Any]) -> str:
         name = sizing.classify(gpus[0]) or gpus[0].lower().replace("nvidia", "").strip().replace(" ", "-")
         return f"{name}x{len(gpus)}"
     return f"cpu{info.get('cpu_count')}"
+
+
+#: Goodput's targets unless given (--slo-*): a first token within a second, then faster than
+#: people read (10 tokens/s); no end-to-end target (it depends on the reply's length).
+DEFAULT_SLO_MS = {"ttft": 1000.0, "tpot": 100.0}
+#: Two-sided 95 % Student t quantiles by degrees of freedom (repeats - 1); more: the normal's.
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+#: The server's own counters read per level from its /metrics, by the names of both vLLM
+#: generations (0.4.3 first, then current: the monitoring's recording rules map the same pairs).
+SERVER_GAUGES = {
+    "kv_cache_usage": ("vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc"),
+    "waiting": ("vllm:num_requests_waiting",),
+    "running": ("vllm:num_requests_running",),
+}
+SERVER_COUNTERS = {"preemptions": ("vllm:num_preemptions_total", "vllm:num_preemptions")}
+
+
+def interval95(values: Sequence[float]) -> dict[str, float]:
+    """Mean and the half-width of its 95 % confidence interval (Student t; 0 for one value)."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return {"mean": round(mean, 3), "ci95": 0.0, "n": len(values)}
+    t = T95.get(len(values) - 1, 1.96)
+    return {
+        "mean": round(mean, 3),
+        "ci95": round(t * statistics.stdev(values) / len(values) ** 0.5, 3),
+        "n": len(values),
+    }
+
+
+#: A sample line of Prometheus' text format: name, labels (optional), value.
+SAMPLE_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{.*\})?\s+(\S+)")
+
+
+def metric_values(text: str) -> dict[str, float]:
+    """Sums over label sets of each series in Prometheus' text format (enough for the server's
+    gauges and counters; the reference environment, which runs the unit tests, has no parser)."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        match = SAMPLE_LINE.match(line)
+        if match:
+            with contextlib.suppress(ValueError):
+                values[match[1]] = values.get(match[1], 0.0) + float(match[2])
+    return values
+
+
+def first_of(values: dict[str, float], names: Sequence[str]) -> float | None:
+    return next((values[n] for n in names if n in values), None)
+
+
+class ServerWatch:
+    """The server's gauges sampled each second during a level, its counters before and after."""
+
+    def __init__(self, client: ApiClient) -> None:
+        parts = client.base_url.rsplit("/v1", 1)[0]
+        self.root = ApiClient(parts, client.model, client.api_key, timeout_s=5)
+        self.samples: list[dict[str, float]] = []
+
+    def read(self) -> dict[str, float]:
+        try:
+            return metric_values(self.root._request("GET", "/metrics").read().decode("utf-8", "replace"))
+        except (OSError, RuntimeError, ValueError):
+            return {}
+
+    async def watch(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self.samples.append(await asyncio.to_thread(self.read))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+
+    def summary(self, before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
+        out: dict[str, float | None] = {}
+        for key, names in SERVER_GAUGES.items():
+            seen = [v for v in (first_of(s, names) for s in self.samples) if v is not None]
+            out[f"{key}_max"] = round(max(seen), 4) if seen else None
+        for key, names in SERVER_COUNTERS.items():
+            b, a = first_of(before, names), first_of(after, names)
+            out[key] = round(a - b, 1) if a is not None and b is not None else None
+        return out
+
+
+@dataclass
+class RateLevel:
+    """One pass of the sweep at one offered rate."""
+
+    rate: float
+    arrival: str
+    burstiness: float
+    repeat: int
+    requests: int
+    completed: int
+    failed: int
+    incomplete: int
+    duration_s: float
+    requests_per_s: float
+    output_tokens_per_s: float
+    goodput_per_s: float
+    ttft_ms: dict[str, float]
+    tpot_ms: dict[str, float]
+    itl_ms: dict[str, float]
+    e2e_ms: dict[str, float]
+    client_lag_ms: dict[str, float]
+    server: dict[str, float | None]
+
+
+def good(sample: loadgen.Sample, slo_ms: dict[str, float]) -> bool:
+    """A completed request that met every target (vLLM's goodput: TPOT 0 for one token)."""
+    got = {"ttft": sample.ttft_s * 1000, "tpot": sample.tpot_s * 1000, "e2e": sample.e2e_s * 1000}
+    return sample.ok and all(got[k] <= v for k, v in slo_ms.items())
+
+
+def summarize_rate(samples: list[loadgen.Sample], duration: float, slo_ms: dict[str, float]) -> dict[str, Any]:
+    done = [s for s in samples if s.ok]
+    return {
+        "completed": len(done),
+        "failed": sum(1 for s in samples if not s.ok and not s.incomplete),
+        "incomplete": sum(1 for s in samples if s.incomplete),
+        "duration_s": round(duration, 3),
+        "requests_per_s": round(len(done) / duration, 3),
+        "output_tokens_per_s": round(sum(s.output_tokens for s in done) / duration, 1),
+        "goodput_per_s": round(sum(1 for s in done if good(s, slo_ms)) / duration, 3),
+        "ttft_ms": percentiles([s.ttft_s for s in done]),
+        "tpot_ms": percentiles([s.tpot_s for s in done if s.output_tokens > 1]),
+        "itl_ms": percentiles([g for s in done for g in s.itl_s]),
+        "e2e_ms": percentiles([s.e2e_s for s in done]),
+    }
+
+
+async def _rate_pass(
+    client: ApiClient, bodies: list[dict[str, Any]], due: list[float], concurrency: int | None
+) -> tuple[list[loadgen.Sample], dict[str, float], float, dict[str, float | None]]:
+    watch, stop = ServerWatch(client), asyncio.Event()
+    before = await asyncio.to_thread(watch.read)
+    watcher = asyncio.get_running_loop().create_task(watch.watch(stop))
+    samples, lag, duration = await loadgen.run(target_of(client), bodies, due, concurrency, client.timeout_s)
+    stop.set()
+    await watcher
+    after = await asyncio.to_thread(watch.read)
+    return samples, lag, duration, watch.summary(before, after)
+
+
+def run_sweep(
+    client: ApiClient,
+    rates: list[float],
+    input_len: int,
+    output_len: int,
+    requests: int,
+    repeats: int,
+    slo_ms: dict[str, float],
+    poisson: bool = True,
+    burstiness: float = 1.0,
+    concurrency: int | None = None,
+) -> list[RateLevel]:
+    """Every rate `repeats` times (the same prompts and arrival times each time: the seed), lowest first."""
+    prompts = make_prompts(requests + 1, input_len)
+    one_request(client, prompts[0], min(output_len, 8))  # warm-up, not counted
+    bodies = level_bodies(client, prompts[1:], output_len)
+    levels = []
+    for rate in sorted(rates):
+        due = loadgen.arrivals(requests, rate, burstiness, SEED, poisson)
+        for repeat in range(1, repeats + 1):
+            label = "inf" if rate == float("inf") else f"{rate:g}"
+            print(f"rate {label} req/s, pass {repeat}/{repeats}, {requests} requests ...", end="", flush=True)
+            samples, lag, duration, server = asyncio.run(_rate_pass(client, bodies, due, concurrency))
+            row = summarize_rate(samples, duration, slo_ms)
+            level = RateLevel(
+                rate=rate,
+                arrival="poisson" if poisson else "constant",
+                burstiness=burstiness,
+                repeat=repeat,
+                requests=requests,
+                client_lag_ms=lag,
+                server=server,
+                **row,
+            )
+            print(
+                f" {level.requests_per_s:.2f} req/s, goodput {level.goodput_per_s:.2f}, {level.output_tokens_per_s:.1f}"
+                f" out tok/s, TTFT p99 {level.ttft_ms['p99']:.0f} ms, failed {level.failed + level.incomplete},"
+                f" client lag p99 {lag['p99_ms']:.1f} ms",
+                flush=True,
+            )
+            levels.append(level)
+    return levels
+
+
+def sweep_summary(levels: list[RateLevel]) -> list[dict[str, Any]]:
+    """Per offered rate: each headline figure's mean and 95 % interval over the repeats."""
+    out = []
+    for rate in sorted({lv.rate for lv in levels}):
+        passes = [lv for lv in levels if lv.rate == rate]
+        out.append(
+            {
+                "rate": "inf" if rate == float("inf") else rate,
+                "requests_per_s": interval95([p.requests_per_s for p in passes]),
+                "goodput_per_s": interval95([p.goodput_per_s for p in passes]),
+                "output_tokens_per_s": interval95([p.output_tokens_per_s for p in passes]),
+                "ttft_p99_ms": interval95([p.ttft_ms["p99"] for p in passes]),
+                "e2e_p99_ms": interval95([p.e2e_ms["p99"] for p in passes]),
+                "failed": sum(p.failed + p.incomplete for p in passes),
+            }
+        )
+    return out
+
+
+def knee(summary: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The highest offered rate before the server falls behind: the last rate whose goodput is
+    at least 90 % of what was offered (an unbounded rate offers everything at once: never)."""
+    best = None
+    for row in summary:
+        if row["rate"] == "inf":
+            continue
+        if row["goodput_per_s"]["mean"] >= 0.9 * float(row["rate"]):
+            best = row
+        else:
+            break
+    return best
 
 
 def server_versions(client: ApiClient) -> dict[str, Any]:
@@ -333,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
         ("run", "run a benchmark matrix"),
         ("multiturn", "first-token latency per turn of replayed multi-turn chats"),
         ("baseline", "record the smoke suite's throughput baseline"),
+        ("sweep", "offered request rates up to saturation: throughput, latency and goodput per rate"),
     ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--node-config", help="read the endpoint from a node's node.json")
@@ -354,6 +597,20 @@ def main(argv: list[str] | None = None) -> int:
     multi.add_argument("--turn-len", type=int, default=256, help="new user tokens per later turn")
     multi.add_argument("--reply-len", type=int, default=128, help="tokens generated per turn")
     multi.add_argument("--json", type=Path, required=True)
+    sw = sub.choices["sweep"]
+    sw.add_argument("--rates", type=_rates, default=[0.5, 1, 2, 4, 8, float("inf")], help="req/s, `inf`: all at once")
+    sw.add_argument("--input-len", type=int, default=128)
+    sw.add_argument("--output-len", type=int, default=64)
+    sw.add_argument("--requests", type=int, default=40, help="requests per rate and pass")
+    sw.add_argument("--repeats", type=int, default=3, help="passes per rate (the 95 %% interval needs 2 or more)")
+    sw.add_argument("--arrival", choices=("poisson", "constant"), default="poisson")
+    sw.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps: 1 Poisson, <1 burstier")
+    sw.add_argument("--max-concurrency", type=int, help="at most this many requests running (default: no limit)")
+    for key, default in DEFAULT_SLO_MS.items():
+        sw.add_argument(f"--slo-{key}-ms", type=float, default=default, help=f"goodput's {key.upper()} target (ms)")
+    sw.add_argument("--slo-e2e-ms", type=float, help="goodput's end-to-end target (ms; default none)")
+    sw.add_argument("--json", type=Path, required=True, help="where to write the results")
+    sw.add_argument("--plots", type=Path, help="directory for sweep.png")
     base = sub.choices["baseline"]
     base.add_argument("--out", type=Path, required=True, help="where to write the baseline JSON")
     base.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="allowed slowdown (0.15 = 15%%)")
@@ -393,6 +650,8 @@ def main(argv: list[str] | None = None) -> int:
         _write(args.out, out)
         print(f"baseline: {level.output_tokens_per_s:.1f} out tok/s ({meta['hardware_class']}) -> {args.out}")
         return 0
+    if args.command == "sweep":
+        return sweep_command(client, args, meta)
     max_len = settings.get("max_model_len")  # none: --url without a node.json
     levels = run_matrix(
         client, args.input_lens, args.output_lens, args.concurrency, args.requests, int(max_len) if max_len else None
@@ -404,6 +663,103 @@ def main(argv: list[str] | None = None) -> int:
         for path in plot(results, args.plots, args.label or client.model):
             print(f"plot -> {path}")
     return 0
+
+
+def sweep_command(client: ApiClient, args: argparse.Namespace, meta: dict[str, Any]) -> int:
+    slo = {k: getattr(args, f"slo_{k}_ms") for k in ("ttft", "tpot", "e2e") if getattr(args, f"slo_{k}_ms") is not None}
+    levels = run_sweep(
+        client,
+        args.rates,
+        args.input_len,
+        args.output_len,
+        args.requests,
+        args.repeats,
+        slo,
+        args.arrival == "poisson",
+        args.burstiness,
+        args.max_concurrency,
+    )
+    summary = sweep_summary(levels)
+    best = knee(summary)
+    workload = {
+        k: getattr(args, k) for k in ("input_len", "output_len", "requests", "repeats", "arrival", "burstiness")
+    }
+    passes = [asdict(lv) | {"rate": "inf" if lv.rate == float("inf") else lv.rate} for lv in levels]
+    out = {**meta, "workload": workload, "slo_ms": slo, "passes": passes, "summary": summary, "knee": best}
+    _write(args.json, out)
+    print(sweep_table(summary, slo))
+    print(f"knee: {best['rate']} req/s" if best else "knee: none (goodput below 90 % of the lowest rate offered)")
+    print(f"results -> {args.json}")
+    if args.plots:
+        path = plot_sweep(summary, best, args.plots, args.label or client.model, slo)
+        if path:
+            print(f"plot -> {path}")
+    return 0
+
+
+def sweep_table(summary: list[dict[str, Any]], slo: dict[str, float]) -> str:
+    """Per offered rate: the figures' means with their 95 % interval."""
+    targets = ", ".join(f"{k.upper()} <= {v:g} ms" for k, v in slo.items())
+    rows = [
+        f"goodput: requests/s meeting {targets}",
+        f"{'offered':>8} {'req/s':>14} {'goodput':>14} {'out tok/s':>16} {'TTFT p99 ms':>16} {'failed':>6}",
+    ]
+    for row in summary:
+        rows.append(
+            f"{row['rate']!s:>8} {_cell(row, 'requests_per_s'):>14} {_cell(row, 'goodput_per_s'):>14}"
+            f" {_cell(row, 'output_tokens_per_s', 1):>16} {_cell(row, 'ttft_p99_ms', 0):>16} {row['failed']:>6}"
+        )
+    return "\n".join(rows)
+
+
+def _cell(row: dict[str, Any], key: str, digits: int = 2) -> str:
+    return f"{row[key]['mean']:.{digits}f} ±{row[key]['ci95']:.{digits}f}"
+
+
+def plot_sweep(
+    summary: list[dict[str, Any]], best: dict[str, Any] | None, out_dir: Path, title: str, slo: dict[str, float]
+) -> Path | None:
+    """Throughput against P99 latency, one point per offered rate, the knee marked."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed here: plot skipped (the control node's tool venv has it)", file=sys.stderr)
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    x = [r["output_tokens_per_s"]["mean"] for r in summary]
+    for key, label in (("ttft_p99_ms", "TTFT p99"), ("e2e_p99_ms", "end-to-end p99")):
+        y = [r[key]["mean"] for r in summary]
+        ax.errorbar(x, y, yerr=[r[key]["ci95"] for r in summary], marker="o", capsize=3, label=label)
+    for r, xi in zip(summary, x, strict=True):
+        ax.annotate(
+            f"{r['rate']}/s", (xi, r["ttft_p99_ms"]["mean"]), fontsize=7, textcoords="offset points", xytext=(4, 4)
+        )
+    if best:
+        ax.axvline(
+            best["output_tokens_per_s"]["mean"], color="red", linestyle="--", label=f"knee: {best['rate']} req/s"
+        )
+    if "ttft" in slo:
+        ax.axhline(slo["ttft"], color="gray", linestyle=":", label=f"TTFT target {slo['ttft']:g} ms")
+    ax.set(yscale="log", xlabel="output tokens/s", ylabel="ms (mean of the passes, 95 % interval)")
+    ax.set_title(f"Rate sweep - {title}")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out_dir / "sweep.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _rates(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated rates (req/s) or inf, got {text!r}") from None
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:

@@ -662,42 +662,50 @@ def lb_request(key: str, path: str = "/v1/completions", body: dict | None = None
         return err.code, dict(err.headers), err.read()
 
 
+def key_requests(name: str) -> float:
+    """Requests the balancer's keys service has let in for a key (its /metrics)."""
+    with urllib.request.urlopen(KEYS + "/metrics", timeout=10) as resp:
+        found = re.search(rf'^glmdeploy_lb_key_requests_total{{key="{name}"}} (\S+)$', resp.read().decode(), re.M)
+    return float(found[1]) if found else 0.0
+
+
 class HeldStream(threading.Thread):
-    """A streamed completion of `tokens` tokens (EOS ignored) through the balancer, read up to its
-    first token and then held until `release` is set: with a small receive window the balancer
-    cannot hand the rest over, so the request is still running at the balancer meanwhile,
-    whichever node serves it (the rehearsal node's stand-in generates in a moment)."""
+    """A streamed completion through the balancer whose body is sent in two halves: nginx checks
+    the key when the headers arrive and reads the body after, so between the halves the request
+    is admitted and running at the balancer, whichever node will serve it (the rehearsal node's
+    stand-in generates in a moment). `release` sends the rest; the reply is read to its end."""
 
     def __init__(self, key: str, tokens: int) -> None:
         super().__init__(daemon=True)
         self.key, self.tokens = key, tokens
-        self.started, self.release = threading.Event(), threading.Event()
+        self.sent_half, self.release = threading.Event(), threading.Event()
         self.status, self.received, self.finish = 0, 0, None
 
     def run(self) -> None:
         body = {"model": "chatglm3-6b-32k", "prompt": [64790, 64792, 64795, 259, 13, 259, 1028, 3617, 64796]}
-        body |= {"max_tokens": self.tokens, "stream": True, "ignore_eos": True}
-        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.key}"}
+        payload = json.dumps(body | {"max_tokens": self.tokens, "stream": True, "ignore_eos": True}).encode()
         parts = urllib.parse.urlsplit(LB_API)
-        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=300)
-        conn.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        head = (
+            f"POST {parts.path}/completions HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {self.key}\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+        )
+        sock = socket.create_connection((parts.hostname, parts.port), timeout=300)
         try:
-            conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window
-            conn.sock.settimeout(300)
-            conn.sock.connect((parts.hostname, parts.port))
-            conn.request("POST", parts.path + "/completions", json.dumps(body), headers)
-            resp = conn.getresponse()
+            sock.sendall(head.encode() + payload[: len(payload) // 2])
+            self.sent_half.set()
+            self.release.wait(300)
+            sock.sendall(payload[len(payload) // 2 :])
+            resp = http.client.HTTPResponse(sock, method="POST")
+            resp.begin()
             self.status = resp.status
-            for payload in sse.iter_json(resp):
+            for event in sse.iter_json(resp):
                 self.received += 1
-                self.finish = payload["choices"][0].get("finish_reason") or self.finish
-                self.started.set()
-                self.release.wait(300)
-        except (OSError, ValueError, sse.StreamError):
-            self.status = 0
+                self.finish = event["choices"][0].get("finish_reason") or self.finish
+        except (OSError, ValueError, http.client.HTTPException, sse.StreamError):
+            self.status = self.status or 0
         finally:
-            conn.close()
-            self.started.set()
+            sock.close()
+            self.sent_half.set()
 
 
 def test_user_keys_a_revoked_key_is_refused_at_once_while_running_streams_finish_and_limits_answer_429(fleet):
@@ -717,10 +725,13 @@ def test_user_keys_a_revoked_key_is_refused_at_once_while_running_streams_finish
     assert key["alice"] not in json.dumps(stored) and set(stored["keys"]) >= {"alice", "bob"}
     assert lb_generate(key["alice"])[0] == 200 and lb_generate(key["bob"])[0] == 200
     # Streams of both users running at the balancer across alice's revoke.
-    streams = {name: HeldStream(key[name], 600) for name in ("alice", "bob")}
-    for stream in streams.values():
+    # A request of each user admitted (its key checked) before alice's revoke, its body still coming.
+    streams = {name: HeldStream(key[name], 64) for name in ("alice", "bob")}
+    for name, stream in streams.items():
+        before = key_requests(name)
         stream.start()
-        assert stream.started.wait(60) and stream.status == 200 and stream.received == 1, "a stream did not start"
+        assert stream.sent_half.wait(60)
+        assert until(lambda name=name, before=before: key_requests(name) > before, 30), f"{name}'s request not let in"
     # bob's own limit: one request running at a time.
     status, headers, body = lb_request(key["bob"], body={"model": "chatglm3-6b-32k", "prompt": "hi", "max_tokens": 1})
     assert status == 429 and headers.get("Retry-After") == "1" and b"concurrent" in body, (status, body[:300])
@@ -733,7 +744,7 @@ def test_user_keys_a_revoked_key_is_refused_at_once_while_running_streams_finish
         stream.join(300)
         summary = f"{name}'s stream: HTTP {stream.status}, {stream.received} events, ended by {stream.finish!r}"
         assert stream.status == 200 and stream.finish == "length" and stream.received > 1, summary
-    # The balancer logs a request when it ends: both streams ended after the revoke.
+    # The balancer logs a request when it ends: both ended after the revoke.
     log = on_host(LB_HOST, "cat /var/log/nginx/glmdeploy-api.log").stdout
     for name in streams:
         ends = [float(t) for t in re.findall(rf"t=(\d+\.\d+) .*key={name} \"POST /v1/completions[^\"]*\" 200", log)]

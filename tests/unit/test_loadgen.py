@@ -1,0 +1,194 @@
+"""The bench's event-loop client (glmdeploy.loadgen) and rate sweep (glmdeploy.bench), against a
+stand-in of vLLM's streaming protocol on loopback that sends each token at a known time: what
+the client measures must be what the server did, not the client's own scheduling."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import multiprocessing
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from glmdeploy import bench, loadgen
+from glmdeploy.client import ApiClient
+
+TTFT_S, ITL_S = 0.05, 0.02
+
+
+class StandIn(BaseHTTPRequestHandler):
+    """vLLM's /v1/completions stream (chunked, `data:` events, `[DONE]`) with fixed timing, and a
+    /metrics whose preemption counter grows by one per request."""
+
+    protocol_version = "HTTP/1.1"
+    served = 0
+    mode = "ok"
+    #: Where each request's chunk send times go (CLOCK_MONOTONIC, the clock of the client's perf_counter).
+    log = ""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        body = (
+            "# TYPE vllm:num_preemptions_total counter\n"
+            f'vllm:num_preemptions_total{{model_name="m"}} {StandIn.served}\n'
+            'vllm:kv_cache_usage_perc{model_name="m"} 0.25\nvllm:num_requests_waiting{model_name="m"} 2\n'
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def do_POST(self) -> None:
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        StandIn.served += 1
+        if StandIn.mode == "reject":
+            body = b'{"error": {"message": "too long", "code": 400}}'
+            self.send_response(400)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        time.sleep(TTFT_S)
+        tokens, sent = int(request["max_tokens"]), []
+        for n in range(tokens):
+            if StandIn.mode == "error" and n == 2:
+                self.chunk(b'data: {"error": {"message": "CUDA out of memory", "code": 500}}\n\n')
+                break
+            last = n == tokens - 1
+            choice = {"index": 0, "text": "x", "token_ids": [5], "finish_reason": "length" if last else None}
+            sent.append(time.monotonic())  # before the write: the client cannot have it earlier
+            self.chunk(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
+            if not last:
+                time.sleep(ITL_S)
+        self.chunk(b"data: [DONE]\n\n")
+        self.chunk(b"")
+        if StandIn.log:
+            with open(StandIn.log, "a") as out:
+                out.write(json.dumps({"prompt": request["prompt"], "sent": sent}) + "\n")
+
+
+class Server(ThreadingHTTPServer):
+    request_queue_size = 128  # 32 connections at once: the default backlog (5) would delay some by a second
+    daemon_threads = True
+
+
+@pytest.fixture
+def standin() -> Iterator[str]:
+    StandIn.mode, StandIn.served = "ok", 0
+    server = Server(("127.0.0.1", 0), StandIn)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+
+
+def bodies(count: int, tokens: int) -> list[dict]:
+    return [{"model": "m", "prompt": [5, 6], "max_tokens": tokens, "stream": True} for _ in range(count)]
+
+
+def serve_apart(log: str, ports: multiprocessing.Queue) -> None:
+    """The stand-in in a process of its own: its threads do not share the client's interpreter."""
+    StandIn.log = log
+    server = Server(("127.0.0.1", 0), StandIn)
+    ports.put(server.server_address[1])
+    server.serve_forever()
+
+
+def test_each_token_is_stamped_when_it_arrives_not_when_the_client_gets_to_it_with_32_streams(tmp_path):
+    """The stand-in logs when it sent each chunk, on the clock the client stamps with: the gap
+    between the two is what the client adds to every figure."""
+    ports: multiprocessing.Queue = multiprocessing.Queue()
+    log = tmp_path / "sent.jsonl"
+    server = multiprocessing.Process(target=serve_apart, args=(str(log), ports), daemon=True)
+    server.start()
+    try:
+        target = loadgen.Target(f"http://127.0.0.1:{ports.get(timeout=30)}/v1", "m")
+        requests = [{"model": "m", "prompt": [i], "max_tokens": 16, "stream": True} for i in range(32)]
+        samples, lag, _ = asyncio.run(loadgen.run(target, requests, [0.0] * 32))
+    finally:
+        server.kill()
+    assert all(s.ok and s.output_tokens == 16 for s in samples), [s.error for s in samples if not s.ok]
+    sent = {tuple(row["prompt"]): row["sent"] for row in map(json.loads, log.read_text().splitlines())}
+    delays = []
+    for i, sample in enumerate(samples):
+        start = sample.sent_at
+        stamps = [start + sample.ttft_s] + [start + sample.ttft_s + sum(sample.itl_s[:k]) for k in range(1, 16)]
+        delays += [got - when for got, when in zip(stamps, sent[(i,)], strict=True)]
+    assert min(delays) > -0.001, "a token stamped before the server sent it: the clocks differ"
+    assert statistics.median(delays) < 0.01, f"tokens stamped {statistics.median(delays) * 1000:.1f} ms late (median)"
+    assert set(lag) == {"p50_ms", "p99_ms", "max_ms"} and lag["p50_ms"] >= 0
+
+
+def test_arrivals_are_poisson_at_the_rate_asked_and_the_seed_repeats_them():
+    due = loadgen.arrivals(4000, 10.0, seed=7)
+    gaps = [b - a for a, b in itertools.pairwise(due)]
+    assert abs(statistics.fmean(gaps) - 0.1) < 0.006 and abs(statistics.stdev(gaps) - 0.1) < 0.01
+    assert due == loadgen.arrivals(4000, 10.0, seed=7) and due != loadgen.arrivals(4000, 10.0, seed=8)
+    bursty = [b - a for a, b in itertools.pairwise(loadgen.arrivals(4000, 10.0, burstiness=0.25, seed=7))]
+    assert statistics.stdev(bursty) > 1.5 * statistics.stdev(gaps), "burstiness below 1 must spread the gaps"
+    assert loadgen.arrivals(3, 4.0, poisson=False) == [0.0, 0.25, 0.5]
+    assert loadgen.arrivals(3, float("inf")) == [0.0, 0.0, 0.0]
+
+
+def test_a_rejected_request_and_an_error_mid_stream_are_recorded_not_raised(standin):
+    target = loadgen.Target(standin, "m")
+    StandIn.mode = "reject"
+    (rejected,), _, _ = asyncio.run(loadgen.run(target, bodies(1, 4), [0.0]))
+    assert not rejected.ok and not rejected.incomplete and rejected.error.startswith("HTTP 400")
+    StandIn.mode = "error"
+    (cut,), _, _ = asyncio.run(loadgen.run(target, bodies(1, 8), [0.0]))
+    assert not cut.ok and cut.incomplete and "CUDA out of memory" in cut.error and cut.output_tokens == 2
+
+
+def test_goodput_counts_completed_requests_within_every_target():
+    fast = loadgen.Sample(due_s=0, ok=True, ttft_s=0.2, e2e_s=1.2, output_tokens=11)  # TPOT 100 ms
+    slow_start = loadgen.Sample(due_s=0, ok=True, ttft_s=1.5, e2e_s=2.0, output_tokens=11)
+    failed = loadgen.Sample(due_s=0, ok=False, ttft_s=0.1, e2e_s=0.2, output_tokens=3)
+    slo = {"ttft": 1000.0, "tpot": 100.0}
+    assert [bench.good(s, slo) for s in (fast, slow_start, failed)] == [True, False, False]
+    assert not bench.good(fast, slo | {"tpot": 99.0}) and not bench.good(fast, slo | {"e2e": 1000.0})
+    row = bench.summarize_rate([fast, slow_start, failed], 2.0, slo)
+    assert (row["completed"], row["failed"], row["goodput_per_s"], row["requests_per_s"]) == (2, 1, 0.5, 1.0)
+
+
+def test_the_knee_is_the_last_rate_whose_goodput_keeps_up_with_what_was_offered():
+    def row(rate: float | str, goodput: float) -> dict:
+        return {"rate": rate, "goodput_per_s": {"mean": goodput, "ci95": 0.0, "n": 3}}
+
+    summary = [row(1.0, 1.0), row(2.0, 1.95), row(4.0, 3.0), row(8.0, 7.9), row("inf", 3.1)]
+    assert bench.knee(summary)["rate"] == 2.0, "a rate after the first shortfall does not count"
+    assert bench.knee([row(1.0, 0.5)]) is None
+
+
+def test_the_interval_is_students_t_over_the_repeats():
+    got = bench.interval95([10.0, 12.0, 14.0])
+    assert got["mean"] == 12.0 and got["ci95"] == pytest.approx(4.303 * 2.0 / 3**0.5, abs=1e-3)
+    assert bench.interval95([5.0])["ci95"] == 0.0
+
+
+def test_a_sweep_reports_each_rate_with_its_interval_goodput_and_the_servers_counters(standin):
+    client = ApiClient(standin, "m", timeout_s=30)
+    levels = bench.run_sweep(client, [20.0, float("inf")], 8, 4, requests=6, repeats=2, slo_ms={"ttft": 1000.0})
+    assert [(lv.rate, lv.repeat) for lv in levels] == [(20.0, 1), (20.0, 2), (float("inf"), 1), (float("inf"), 2)]
+    assert all(lv.completed == 6 and lv.failed == 0 and lv.goodput_per_s == lv.requests_per_s for lv in levels)
+    assert all(lv.server["preemptions"] == 6 and lv.server["kv_cache_usage_max"] == 0.25 for lv in levels)
+    paced, burst = levels[0], levels[2]
+    assert paced.duration_s > burst.duration_s, "requests at 20/s must take longer than all at once"
+    summary = bench.sweep_summary(levels)
+    assert [r["rate"] for r in summary] == [20.0, "inf"] and summary[0]["requests_per_s"]["n"] == 2
+    assert "goodput" in bench.sweep_table(summary, {"ttft": 1000.0})
