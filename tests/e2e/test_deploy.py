@@ -536,7 +536,8 @@ CROSS = {"rate": 2.0, "requests": 30, "input_len": 128, "output_len": 32}
 def vllm_bench_serve(tmp_path: Path, node: dict, run: int) -> dict:
     """vLLM's own client (`vllm bench serve`, in the node's environment) on the same workload."""
     command = [
-        "/opt/glmdeploy/current/venv/bin/python", "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "openai",
+        "/opt/glmdeploy/current/venv/bin/python", "-m", "vllm.entrypoints.cli.main",
+        "bench", "serve", "--backend", "openai",
         "--base-url", node["api_url"].rsplit("/v1", 1)[0], "--endpoint", "/v1/completions",
         "--model", node["model_dir"], "--served-model-name", node["served_model_name"],
         "--tokenizer", node["model_dir"], "--trust-remote-code", "--dataset-name", "random",
