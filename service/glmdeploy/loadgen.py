@@ -110,18 +110,22 @@ class LoopLag:
 
 
 def arrivals(count: int, rate: float, burstiness: float = 1.0, seed: int = 0, poisson: bool = True) -> list[float]:
-    """When each request is due (s from the start). `rate` inf: all at once (a concurrency limit
-    paces them). Poisson: gaps from a gamma distribution of shape `burstiness` and mean 1/rate
-    (burstiness 1 is Poisson; below 1 burstier, above 1 steadier), as vLLM's own client draws them;
-    otherwise a constant gap of 1/rate. The same seed gives the same times."""
+    """When each request is due (s from the start), as vLLM's own client draws them (its
+    benchmarks/serve.py), so the two compare: a gap before every request, from a gamma
+    distribution of shape `burstiness` and mean 1/rate (1 is Poisson; below 1 burstier), then all
+    times scaled so the last is due at count/rate: the run offers exactly the rate asked (the sum
+    of a few dozen random gaps is otherwise off by several percent, and so is every throughput).
+    `poisson` False: a constant gap of 1/rate. `rate` inf: all at once (a concurrency limit paces
+    them). The same seed gives the same times."""
     if rate == float("inf"):
         return [0.0] * count
     rng = random.Random(seed)
     times, now = [], 0.0
     for _ in range(count):
-        times.append(now)
         now += rng.gammavariate(burstiness, 1.0 / (rate * burstiness)) if poisson else 1.0 / rate
-    return times
+        times.append(now)
+    scale = count / rate / times[-1] if times and times[-1] > 0 else 1.0
+    return [t * scale for t in times]
 
 
 async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> Iterator[tuple[float, bytes]]:

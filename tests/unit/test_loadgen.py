@@ -134,14 +134,15 @@ def test_each_token_is_stamped_when_it_arrives_not_when_the_client_gets_to_it_wi
     assert set(lag) == {"p50_ms", "p99_ms", "max_ms"} and lag["p50_ms"] >= 0
 
 
-def test_arrivals_are_poisson_at_the_rate_asked_and_the_seed_repeats_them():
+def test_arrivals_are_poisson_at_exactly_the_rate_asked_and_the_seed_repeats_them():
     due = loadgen.arrivals(4000, 10.0, seed=7)
-    gaps = [b - a for a, b in itertools.pairwise(due)]
-    assert abs(statistics.fmean(gaps) - 0.1) < 0.006 and abs(statistics.stdev(gaps) - 0.1) < 0.01
+    gaps = [b - a for a, b in itertools.pairwise([0.0, *due])]
+    assert due[-1] == pytest.approx(400.0), "the last request is due at count / rate, as vLLM's client has it"
+    assert abs(statistics.fmean(gaps) - 0.1) < 1e-9 and abs(statistics.stdev(gaps) - 0.1) < 0.01, "exponential gaps"
     assert due == loadgen.arrivals(4000, 10.0, seed=7) and due != loadgen.arrivals(4000, 10.0, seed=8)
     bursty = [b - a for a, b in itertools.pairwise(loadgen.arrivals(4000, 10.0, burstiness=0.25, seed=7))]
     assert statistics.stdev(bursty) > 1.5 * statistics.stdev(gaps), "burstiness below 1 must spread the gaps"
-    assert loadgen.arrivals(3, 4.0, poisson=False) == [0.0, 0.25, 0.5]
+    assert loadgen.arrivals(3, 4.0, poisson=False) == [0.25, 0.5, 0.75]
     assert loadgen.arrivals(3, float("inf")) == [0.0, 0.0, 0.0]
 
 
