@@ -77,8 +77,7 @@ def make_prompts(count: int, input_len: int, seed: int = SEED) -> list[list[int]
 
 def one_request(client: ApiClient, prompt: list[int], output_len: int) -> RequestResult:
     """One streamed request that must produce exactly output_len tokens."""
-    body = client.completion_body(prompt, output_len, 0.0, 1.0, stream=True, ignore_eos=True)
-    body["stop_token_ids"] = []  # exact lengths: random-weight models emit stop ids too
+    (body,) = level_bodies(client, [prompt], output_len)
     start = time.perf_counter()
     stamps: list[float] = []
     tokens = 0
@@ -109,6 +108,16 @@ def percentiles(values: Sequence[float]) -> dict[str, float]:
     }
 
 
+def latencies(samples: Sequence[loadgen.Sample]) -> dict[str, dict[str, float]]:
+    """TTFT, TPOT (requests of more than one token), ITL and end-to-end percentiles of completed requests."""
+    return {
+        "ttft_ms": percentiles([s.ttft_s for s in samples]),
+        "tpot_ms": percentiles([s.tpot_s for s in samples if s.output_tokens > 1]),
+        "itl_ms": percentiles([g for s in samples for g in s.itl_s]),
+        "e2e_ms": percentiles([s.e2e_s for s in samples]),
+    }
+
+
 def level_bodies(client: ApiClient, prompts: Sequence[list[int]], output_len: int) -> list[dict[str, Any]]:
     """Streamed requests that must each produce exactly output_len tokens."""
     bodies = []
@@ -117,6 +126,11 @@ def level_bodies(client: ApiClient, prompts: Sequence[list[int]], output_len: in
         body["stop_token_ids"] = []  # exact lengths: random-weight models emit stop ids too
         bodies.append(body)
     return bodies
+
+
+def root_of(client: ApiClient, timeout_s: float) -> ApiClient:
+    """The same server without the API's `/v1` prefix: /version, /metrics."""
+    return ApiClient(client.base_url.rsplit("/v1", 1)[0], client.model, client.api_key, timeout_s=timeout_s)
 
 
 def target_of(client: ApiClient) -> loadgen.Target:
@@ -138,7 +152,7 @@ def run_level(client: ApiClient, input_len: int, output_len: int, concurrency: i
     if failed:
         raise RuntimeError(f"{len(failed)} of {requests} requests failed, the first: {failed[0].error or 'cut short'}")
     total_tokens = sum(r.output_tokens for r in results)
-    itl = [gap for r in results for gap in r.itl_s]
+    latency = latencies(results)
     decode = [(r.output_tokens - 1) / (r.e2e_s - r.ttft_s) for r in results if r.e2e_s > r.ttft_s]
     return LevelResult(
         input_len=input_len,
@@ -148,9 +162,9 @@ def run_level(client: ApiClient, input_len: int, output_len: int, concurrency: i
         duration_s=round(duration, 3),
         requests_per_s=round(requests / duration, 3),
         output_tokens_per_s=round(total_tokens / duration, 1),
-        ttft_ms=percentiles([r.ttft_s for r in results]),
-        itl_ms=percentiles(itl),
-        e2e_ms=percentiles([r.e2e_s for r in results]),
+        ttft_ms=latency["ttft_ms"],
+        itl_ms=latency["itl_ms"],
+        e2e_ms=latency["e2e_ms"],
         decode_tokens_per_s_per_stream=round(statistics.median(decode), 1) if decode else 0.0,
         client_lag_ms=lag,
     )
@@ -276,8 +290,7 @@ class ServerWatch:
     """The server's gauges sampled each second during a level, its counters before and after."""
 
     def __init__(self, client: ApiClient) -> None:
-        parts = client.base_url.rsplit("/v1", 1)[0]
-        self.root = ApiClient(parts, client.model, client.api_key, timeout_s=5)
+        self.root = root_of(client, 5)
         self.samples: list[dict[str, float]] = []
 
     def read(self) -> dict[str, float]:
@@ -343,10 +356,7 @@ def summarize_rate(samples: list[loadgen.Sample], duration: float, slo_ms: dict[
         "requests_per_s": round(len(done) / duration, 3),
         "output_tokens_per_s": round(sum(s.output_tokens for s in done) / duration, 1),
         "goodput_per_s": round(sum(1 for s in done if good(s, slo_ms)) / duration, 3),
-        "ttft_ms": percentiles([s.ttft_s for s in done]),
-        "tpot_ms": percentiles([s.tpot_s for s in done if s.output_tokens > 1]),
-        "itl_ms": percentiles([g for s in done for g in s.itl_s]),
-        "e2e_ms": percentiles([s.e2e_s for s in done]),
+        **latencies(done),
     }
 
 
@@ -442,8 +452,7 @@ def knee(summary: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def server_versions(client: ApiClient) -> dict[str, Any]:
     try:
-        root = ApiClient(client.base_url.rsplit("/v1", 1)[0], client.model, client.api_key, timeout_s=10)
-        return {"server": root.get_json("/version")}
+        return {"server": root_of(client, 10).get_json("/version")}
     except Exception:
         return {}
 
