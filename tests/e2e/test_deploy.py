@@ -651,6 +651,9 @@ def _env_version(package: str) -> str:
     ).stdout.strip()
 
 
+# A drill since make test passed 25 minutes (docs/reference/tests.md, "The time budget"): the deploy's
+# environment check runs in every deploy; the repair path (a wheel reinstalled, services restarted) is the drill.
+@pytest.mark.drill
 def test_package_changed_in_place_is_refused_without_repair_then_repaired_and_restarted(deployed):
     """An admin's `pip install` of another tokenizers into the deployed environment (the reference
     stack's real 0.19.1 wheel): with repair off the deploy names it and changes nothing; the next
@@ -682,6 +685,9 @@ def test_package_changed_in_place_is_refused_without_repair_then_repaired_and_re
     FIGURES["deploy repairing an environment changed in place (s)"] = round(repaired.elapsed, 1)  # type: ignore[attr-defined]
 
 
+# A drill since make test passed 25 minutes (docs/reference/tests.md, "The time budget"): the fleet's
+# rollout drills prove the same gate and return on three hosts; this one on the node itself.
+@pytest.mark.drill
 def test_release_failing_its_health_gate_returns_the_node_to_the_previous_release(deployed):
     """A release whose server cannot start (here: an engine flag this vLLM does not know) is
     switched in, crashes, and the node goes back to the release it ran, and serves again."""

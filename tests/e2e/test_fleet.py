@@ -822,6 +822,8 @@ def test_tls_at_the_balancer_an_openai_client_verifies_the_lab_ca_and_plain_http
     assert plain.returncode == 0 and lb_generate(KEY_FILE.read_text().strip())[0] == 200
 
 
+# A drill since make test passed 25 minutes: every rollout drill drains and undrains its batches.
+@pytest.mark.drill
 def test_drained_node_gets_no_requests_until_undrained(fleet):
     """Counted in the server's access log: the node's own prober (a generation every few seconds
     from the node itself) is stopped meanwhile, or its requests would count as the balancer's."""

@@ -37,17 +37,20 @@ import hostctl
 
 SCENARIOS = ROOT / "tests" / "scenarios"
 KEY = hostctl.STATE / "id_ed25519"
-# One fresh host per scenario (`make hosts N=<len>` names them testhost1..N).
-HOSTS = {
-    "node_base": "testhost1",
-    "model": "testhost2",
-    "service_unit": "testhost3",
-    "preflight_port": "testhost4",
-    "nvidia_driver": "testhost5",
-    "undeploy": "testhost6",
-    "place_bundle": "testhost7",
-    "release": "testhost8",
+# Each scenario and the test that runs it. The `hosts` fixture gives each scenario whose test runs
+# a fresh host of its own (`make hosts N=<count>` names them testhost1..N), in this order, and
+# creates none for a deselected one (the drills' scenarios in make test): a host costs a boot.
+SCENARIO_TESTS = {
+    "node_base": "test_node_base_scenario",
+    "model": "test_model_scenario",
+    "service_unit": "test_service_unit_scenario",
+    "preflight_port": "test_preflight_names_an_occupied_port_and_changes_nothing",
+    "nvidia_driver": "test_nvidia_driver_scenario",
+    "undeploy": "test_undeploy_scenario",
+    "place_bundle": "test_glmdeploy_place_bundle_scenario",
+    "release": "test_release_scenario",
 }
+HOSTS: dict[str, str] = {}  # scenario -> its host, filled by the `hosts` fixture
 # Molecule's playbooks, in the order a scenario uses them.
 PLAYBOOKS = ("prepare", "converge", "side_effect", "verify")
 OLD_DRIVER, NEW_DRIVER = "535.261.03-1", "535.309.01-0+deb12u1"  # Debian 12 bookworm / bookworm-security
@@ -181,14 +184,17 @@ def driver_scenario() -> None:
 
 @pytest.fixture(scope="module")
 def hosts(request: pytest.FixtureRequest):
-    """A fresh host per scenario, created together (create ... destroy)."""
+    """A fresh host per scenario that runs, created together (create ... destroy)."""
+    selected = {item.name for item in request.session.items}
+    wanted = [name for name, test in SCENARIO_TESTS.items() if test in selected]
+    HOSTS.clear()
+    HOSTS.update({name: f"testhost{number}" for number, name in enumerate(wanted, start=1)})
     created = make("hosts", f"N={len(HOSTS)}")
     assert created.returncode == 0
     write_inventories()
     pool = ThreadPoolExecutor(max_workers=1)
     # The driver's sequence starts at once (it takes longest), unless its test was deselected.
-    wanted = any(item.name == "test_nvidia_driver_scenario" for item in request.session.items)
-    driver = pool.submit(driver_scenario) if wanted else None
+    driver = pool.submit(driver_scenario) if "nvidia_driver" in HOSTS else None
     try:
         yield {"driver": driver}
     finally:
@@ -196,8 +202,9 @@ def hosts(request: pytest.FixtureRequest):
         make("hosts-down")
 
 
-# node_base and model run in every deploy of make test (this machine's node and the fleet's): their
-# scenarios alone (converge, idempotence, verify) are drills, to keep make test within its budget.
+# node_base, model, service_unit, glmdeploy_place_bundle and release run in every deploy of make test
+# (this machine's node and the fleet's, each deploy then re-run for changed=0): their scenarios alone
+# (converge, idempotence, verify) are drills, to keep make test within its budget.
 @pytest.mark.drill
 def test_node_base_scenario(hosts):
     scenario("node_base")
@@ -210,6 +217,7 @@ def test_model_scenario(hosts):
     scenario("model")
 
 
+@pytest.mark.drill
 def test_service_unit_scenario(hosts):
     scenario("service_unit")
 
@@ -219,6 +227,7 @@ def test_undeploy_scenario(hosts):
     scenario("undeploy")
 
 
+@pytest.mark.drill
 def test_glmdeploy_place_bundle_scenario(hosts, tmp_path):
     """A small tree placed as one archive; a changed source replaces the placed tree whole."""
     # side_effect.yml changes the source: a copy of the committed tree.
@@ -245,6 +254,7 @@ def test_nvidia_driver_scenario(hosts):
     driver.result(timeout=1500)
 
 
+@pytest.mark.drill
 def test_release_scenario(hosts):
     """A release from stand-in stores, switched and promoted; a second one keeps the first as
     `previous`; check mode of a switch back reports it and changes nothing."""
