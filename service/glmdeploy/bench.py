@@ -385,14 +385,16 @@ def run_sweep(
     burstiness: float = 1.0,
     concurrency: int | None = None,
 ) -> list[RateLevel]:
-    """Every rate `repeats` times (the same prompts and arrival times each time: the seed), lowest first."""
-    prompts = make_prompts(requests + 1, input_len)
-    one_request(client, prompts[0], min(output_len, 8))  # warm-up, not counted
-    bodies = level_bodies(client, prompts[1:], output_len)
-    levels = []
+    """Every rate `repeats` times, lowest first. Each rate's passes share their arrival times (the
+    seed); each pass sends prompts no earlier pass sent (seeded by the pass's number), because a
+    prompt sent again is served from the engine's prefix cache and would make repeats faster
+    than the first pass: runs stay reproducible and no pass is measured on a warm cache."""
+    one_request(client, make_prompts(1, input_len)[0], min(output_len, 8))  # warm-up, not counted
+    levels: list[RateLevel] = []
     for rate in sorted(rates):
         due = loadgen.arrivals(requests, rate, burstiness, SEED, poisson)
         for repeat in range(1, repeats + 1):
+            bodies = level_bodies(client, make_prompts(requests, input_len, SEED + 1 + len(levels)), output_len)
             label = "inf" if rate == float("inf") else f"{rate:g}"
             print(f"rate {label} req/s, pass {repeat}/{repeats}, {requests} requests ...", end="", flush=True)
             samples, lag, duration, server = asyncio.run(_rate_pass(client, bodies, due, concurrency))

@@ -193,3 +193,23 @@ def test_a_sweep_reports_each_rate_with_its_interval_goodput_and_the_servers_cou
     summary = bench.sweep_summary(levels)
     assert [r["rate"] for r in summary] == [20.0, "inf"] and summary[0]["requests_per_s"]["n"] == 2
     assert "goodput" in bench.sweep_table(summary, {"ttft": 1000.0})
+
+
+def test_each_sweep_pass_sends_prompts_no_earlier_pass_sent(standin, monkeypatch):
+    """A prompt sent again comes from the engine's prefix cache: a repeat must not be a warm rerun."""
+    sent: list[list[tuple[int, ...]]] = []
+    real = loadgen.run
+
+    async def recording(target, bodies, due, concurrency, timeout_s):
+        sent.append([tuple(b["prompt"]) for b in bodies])
+        return await real(target, bodies, due, concurrency, timeout_s)
+
+    monkeypatch.setattr(loadgen, "run", recording)
+    client = ApiClient(standin, "m", timeout_s=30)
+    bench.run_sweep(client, [20.0, 40.0], 8, 4, requests=3, repeats=2, slo_ms={"ttft": 1000.0})
+    prompts = [p for one_pass in sent for p in one_pass]
+    assert len(sent) == 4 and len(set(prompts)) == len(prompts) == 12
+    first_run = list(sent)
+    sent.clear()
+    bench.run_sweep(client, [20.0, 40.0], 8, 4, requests=3, repeats=2, slo_ms={"ttft": 1000.0})
+    assert sent == first_run, "the same sweep sends the same prompts: runs on different days compare"
