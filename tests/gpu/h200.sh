@@ -122,6 +122,9 @@ start_server() {  # $1: label; the rest: extra vLLM arguments
   local entry=(-m vllm.entrypoints.openai.api_server) servers=1 a prev=""
   for a in "$@"; do [ "$prev" != --api-server-count ] || { entry=(-m vllm.entrypoints.cli.main serve); servers=$a; }; prev=$a; done
   echo "==> [$label] python3 ${entry[*]} (API servers: $servers)"
+  # The kit's service marks (glmdeploy.procguard): the soak and the prober find and measure the
+  # server's processes by them, as on a node the launcher sets them.
+  GLMDEPLOY_SERVICE=vllm_server GLMDEPLOY_SERVICE_RUN=$label \
   python3 "${entry[@]}" --model "$MODEL" --served-model-name chatglm3-6b-32k \
     $LOAD_ARGS --dtype float16 --max-model-len 32768 --host 127.0.0.1 --port 8000 \
     --trust-remote-code $tok "$@" > "$log" 2>&1 &
@@ -171,6 +174,61 @@ os.unlink(f"{neg}/{shard}"); save_file(t, f"{neg}/{shard}", metadata={"format": 
 print(f"negative control: {name} removed from {shard} (index still names it)")
 PY
   echo "$neg"
+}
+
+ensure_vllm() {  # the wheels and vLLM in $SITE (once per machine), the release's tokenizer
+  cp .gpu/vllm.tar.xz.part* "$STASH"/ 2>/dev/null
+  [ -d "$SITE/fastapi" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --upgrade --target "$SITE" .whl/*.whl || return 1
+  [ -d "$SITE/vllm" ] || { cat "$STASH"/vllm.tar.xz.part* | xz -d -T0 | tar -C "$SITE" -xf - || return 1; }
+  served_tokenizer || return 1
+}
+
+versions() {  # $1: file
+  { python3 -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    nproc | sed 's/^/cpus /'; date -u +"%Y-%m-%dT%H:%M:%SZ"; } 2>&1 | tee "$1"
+}
+
+results_dir() {  # $1: name; sets RES (work) and TAR (in $OUT, rewritten by keep after each step)
+  RES=/tmp/$1-$(date -u +%H%M%S); mkdir -p "$RES"; OUT_FINAL=$OUT; OUT=$RES; TAR=$OUT_FINAL/$1.tar
+}
+keep() { (cd "$RES" && gzip -f server-*.log 2>/dev/null; tar -cf "$TAR" .); }
+
+monitor_start() {  # the kit's GPU exporter and prober on this GPU, and a scrape of both and vLLM every 5 s
+  python3 -m glmdeploy.gpu_exporter --port 9812 --node device-h200 > "$RES/exporter.log" 2>&1 & EXPORTER=$!
+  python3 -m glmdeploy.prober --config "$NODE" --port 9813 --interval 5 > "$RES/prober.log" 2>&1 & PROBER=$!
+  python3 - "$RES/monitor.jsonl" <<'PY' & SCRAPER=$!
+import json, sys, time, urllib.request
+KEEP = ("glmdeploy_", "vllm:num_requests", "vllm:kv_cache_usage", "vllm:gpu_cache_usage", "vllm:num_preemptions")
+with open(sys.argv[1], "a") as out:
+    while True:
+        row = {"t": round(time.time(), 1)}
+        for name, port in (("exporter", 9812), ("prober", 9813), ("vllm", 8000)):
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3).read().decode()
+                row[name] = [l for l in text.splitlines() if l.startswith(KEEP)]
+            except Exception as e:
+                row[name] = f"unreachable: {e}"
+        out.write(json.dumps(row) + "\n"); out.flush()
+        time.sleep(5)
+PY
+}
+monitor_stop() { kill $EXPORTER $PROBER $SCRAPER 2>/dev/null; wait $EXPORTER $PROBER $SCRAPER 2>/dev/null; }
+
+sweep() {  # $1: result name; the rest: glmdeploy.bench sweep arguments
+  local name=$1; shift
+  python3 -m glmdeploy.bench sweep --node-config "$NODE" --label "$name" --json "$RES/$name.json" "$@" 2>&1 | tail -12
+}
+
+config_args() {  # $1: a configuration name -> vLLM arguments
+  case "$1" in
+  kit) kit_args ;;                            # sizing's h200 row (with --api-server-count 4 on vLLM >= 0.26)
+  default) echo "" ;;                         # the engine's own defaults
+  asc[0-9]*) echo "--api-server-count ${1#asc}" ;;   # defaults + N API-server processes, nothing else
+  kit-noasc) kit_args | python3 -c "import sys; a=sys.stdin.read().split(); i=a.index('--api-server-count'); print(' '.join(a[:i]+a[i+2:]))" ;;
+  *) echo "unknown configuration $1" >&2; return 1 ;;
+  esac
 }
 
 case "${1:-}" in
@@ -405,6 +463,72 @@ params)  # (after stage1) every parameter vLLM loaded vs the staged checkpoint, 
     grep -E "Loading weights took|Model loading took|not initialized|Error|^\{" "$OUT/params-$b.log" | cut -c1-1500 | tail -8
   done
   ;;
+settle)  # (after stage1) kit vs defaults, settled: per CONFIG a fresh server, 512 in / 256 out,
+         # 16/64/256 streams and a Poisson rate sweep with goodput, 3 passes each; the exporter and
+         # the prober watch the GPU and the server the whole time. One tar in $OUT (settle.tar).
+  shift
+  [ $# -gt 0 ] || { echo "settle: name the configurations (kit default asc4 kit-noasc)" >&2; exit 2; }
+  results_dir "settle-$(echo "$*" | tr ' ' '_')"
+  ensure_vllm || exit 1
+  versions "$RES/versions.txt"
+  node_json "$RES/server-none.log"; cp "$NODE" "$RES/node.json"
+  monitor_start
+  for cfg in "$@"; do
+    args=$(config_args "$cfg") || continue
+    echo "==> [$cfg] vLLM arguments: ${args:-none, the engine defaults}" | tee -a "$RES/configs.txt"
+    # shellcheck disable=SC2086
+    start_server "$cfg" $args || { keep; continue; }
+    grep -iE "KV cache|max_num_seqs|max_num_batched_tokens|api_server_count|prefix" "$RES/server-$cfg.log" | cut -c1-300 | head -8 >> "$RES/configs.txt"
+    for c in 16 64 256; do
+      sweep "$cfg-c$c" --rates inf --max-concurrency "$c" --requests $((c < 64 ? 64 : 2 * c)) --repeats 3 \
+        --input-len 512 --output-len 256
+      keep
+    done
+    sweep "$cfg-rates" --rates "${SETTLE_RATES:-20,35,50,65,80}" --requests "${SETTLE_REQUESTS:-150}" --repeats 3 \
+      --input-len 512 --output-len 256 --slo-ttft-ms 1000 --slo-tpot-ms 50 --plots "$RES/plots-$cfg"
+    stop_server
+    keep
+  done
+  monitor_stop; keep
+  python3 tests/gpu/settle_table.py "$RES" | tee "$RES/table.txt"; keep
+  ls -la "$OUT_FINAL"
+  ;;
+card24)  # (after stage1) a 24 GB card emulated: the engine's memory budget cut to an RTX 4090's at the
+         # kit's setting, the rtx-4090 row's settings; vLLM's KV cache against the sizing formula, a
+         # 32k-token prompt end to end, and the concurrency where the cache runs out.
+  results_dir card24
+  ensure_vllm || exit 1
+  versions "$RES/versions.txt"
+  python3 -m glmdeploy.sizing show rtx-4090 --json > "$RES/sizing-rtx-4090.json"
+  # The budget vLLM plans with is gpu_memory_utilization x the card's total memory: the 4090 row's
+  # 0.90 x 23.99 GiB; here the same bytes are that budget over the H200's total.
+  args=$(python3 tests/gpu/card24_args.py "$RES/sizing-rtx-4090.json" 2> "$RES/arithmetic.txt") || exit 1
+  cat "$RES/arithmetic.txt"
+  echo "==> [card24] vLLM arguments: $args" | tee -a "$RES/arithmetic.txt"
+  # shellcheck disable=SC2086
+  start_server card24 $args || { keep; exit 1; }
+  grep -iE "KV cache|Available|memory|CUDA graph|max_num" "$RES/server-card24.log" | cut -c1-300 | head -20 | tee "$RES/kv.txt"
+  keep
+  sweep card24-32k --input-len 32000 --output-len 64 --rates inf --max-concurrency 1 --requests 2 --repeats 1; keep
+  sweep card24-32k-x8 --input-len 32000 --output-len 64 --rates inf --max-concurrency 8 --requests 8 --repeats 1; keep
+  for c in 32 64; do
+    sweep "card24-4k-c$c" --input-len 4096 --output-len 256 --rates inf --max-concurrency "$c" --requests $((2 * c)) --repeats 1; keep
+  done
+  stop_server; keep
+  ls -la "$OUT_FINAL"
+  ;;
+soak)  # (after stage1) the kit's soak on the kit's settings, with the exporter and prober watching
+  results_dir soak
+  ensure_vllm || exit 1
+  versions "$RES/versions.txt"
+  # shellcheck disable=SC2086
+  start_server soak $(kit_args) || { keep; exit 1; }
+  monitor_start
+  python3 -m glmdeploy.soak run --node-config "$NODE" --duration "${SOAK_DURATION:-6m}" --window 30s \
+    --concurrency "${SOAK_CONCURRENCY:-64}" --json "$RES/soak.json" 2>&1 | tail -30 | tee "$RES/soak.txt"
+  monitor_stop; stop_server; keep
+  ls -la "$OUT_FINAL"
+  ;;
 stage3)
   start_server default || exit 1
   bench default --input-lens 512 --output-lens 256 --concurrency 1,64
@@ -417,5 +541,5 @@ stage3)
   stop_server
   ;;
 *)
-  echo "usage: $0 stage1|stage2|stage2b|stage3|served|baseline|tp2|frontend CONFIG...|rehearsal-weights DEST|staged MODEL_DIR|params MODEL_DIR" >&2; exit 2 ;;
+  echo "usage: $0 stage1|stage2|stage2b|stage3|served|baseline|tp2|frontend CONFIG...|settle CONFIG...|card24|soak|rehearsal-weights DEST|staged MODEL_DIR|params MODEL_DIR" >&2; exit 2 ;;
 esac
