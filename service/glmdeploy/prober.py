@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import socket
 import sys
@@ -143,8 +144,14 @@ def update_node_gauges(facts: NodeFacts, metrics: ProbeMetrics) -> None:
     memory = soak.service_memory_mb()
     if memory is not None:
         metrics.memory.labels("pss").set(memory * 2**20)
-    usage = shutil.disk_usage(facts.kit_root)
-    metrics.disk_free.set(usage.free / usage.total)
+    try:
+        usage = shutil.disk_usage(facts.kit_root)
+        metrics.disk_free.set(usage.free / usage.total)
+    except OSError as exc:
+        # The probe is the liveness signal: a gauge it cannot read must not stop it (seen on the
+        # H200 run, where the kit's root did not exist and the prober died at its first probe).
+        metrics.disk_free.set(math.nan)
+        print(f"kit disk gauge unknown: {exc}", file=sys.stderr, flush=True)
     baseline = facts.baseline_ttft_p99_s()
     if baseline is not None:
         metrics.baseline_ttft.labels(facts.baseline_key).set(baseline)

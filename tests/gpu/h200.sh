@@ -197,7 +197,7 @@ keep() { (cd "$RES" && gzip -f server-*.log 2>/dev/null; tar -cf "$TAR" .); }
 
 monitor_start() {  # the kit's GPU exporter and prober on this GPU, and a scrape of both and vLLM every 5 s
   python3 -m glmdeploy.gpu_exporter --port 9812 --node device-h200 > "$RES/exporter.log" 2>&1 & EXPORTER=$!
-  python3 -m glmdeploy.prober --config "$NODE" --port 9813 --interval 5 > "$RES/prober.log" 2>&1 & PROBER=$!
+  python3 -m glmdeploy.prober --config "$NODE" --port 9813 --interval 5 --kit-root "$SITE" > "$RES/prober.log" 2>&1 & PROBER=$!
   python3 - "$RES/monitor.jsonl" <<'PY' & SCRAPER=$!
 import json, sys, time, urllib.request
 KEEP = ("glmdeploy_", "vllm:num_requests", "vllm:kv_cache_usage", "vllm:gpu_cache_usage", "vllm:num_preemptions")
@@ -463,29 +463,42 @@ params)  # (after stage1) every parameter vLLM loaded vs the staged checkpoint, 
     grep -E "Loading weights took|Model loading took|not initialized|Error|^\{" "$OUT/params-$b.log" | cut -c1-1500 | tail -8
   done
   ;;
-settle)  # (after stage1) kit vs defaults, settled: per CONFIG a fresh server, 512 in / 256 out,
-         # 16/64/256 streams and a Poisson rate sweep with goodput, 3 passes each; the exporter and
-         # the prober watch the GPU and the server the whole time. One tar in $OUT (settle.tar).
+settle)  # (after stage1) kit vs defaults, settled: per CONFIG a fresh server, 512 in / 256 out; the
+         # exporter and the prober watch the GPU and the server the whole time. CONFIG is NAME or
+         # NAME:PARTS, PARTS a +-joined subset of streams (16/64/256 streams, 3 passes each), rates
+         # (a Poisson rate sweep with goodput, 3 passes of 10 s per rate) and soak (the kit's soak,
+         # SOAK_DURATION, on the same server afterwards); default streams+rates. One tar in $OUT.
   shift
-  [ $# -gt 0 ] || { echo "settle: name the configurations (kit default asc4 kit-noasc)" >&2; exit 2; }
-  results_dir "settle-$(echo "$*" | tr ' ' '_')"
+  [ $# -gt 0 ] || { echo "settle: name the configurations (kit default asc4 kit-noasc, NAME:streams+rates+soak)" >&2; exit 2; }
+  results_dir "settle-$(echo "$*" | tr ' :+' '_--')"
   ensure_vllm || exit 1
   versions "$RES/versions.txt"
   node_json "$RES/server-none.log"; cp "$NODE" "$RES/node.json"
   monitor_start
-  for cfg in "$@"; do
+  for spec in "$@"; do
+    cfg=${spec%%:*}; parts=+${spec#*:}+; [ "$spec" != "$cfg" ] || parts=+streams+rates+
     args=$(config_args "$cfg") || continue
-    echo "==> [$cfg] vLLM arguments: ${args:-none, the engine defaults}" | tee -a "$RES/configs.txt"
+    echo "==> [$cfg] parts ${parts//+/ }; vLLM arguments: ${args:-none, the engine defaults}" | tee -a "$RES/configs.txt"
     # shellcheck disable=SC2086
     start_server "$cfg" $args || { keep; continue; }
     grep -iE "KV cache|max_num_seqs|max_num_batched_tokens|api_server_count|prefix" "$RES/server-$cfg.log" | cut -c1-300 | head -8 >> "$RES/configs.txt"
-    for c in 16 64 256; do
-      sweep "$cfg-c$c" --rates inf --max-concurrency "$c" --requests $((c < 64 ? 64 : 2 * c)) --repeats 3 \
-        --input-len 512 --output-len 256
+    if [[ $parts == *+streams+* ]]; then
+      for c in 16 64 256; do
+        sweep "$cfg-c$c" --rates inf --max-concurrency "$c" --requests $((c < 64 ? 64 : 2 * c)) --repeats 3 \
+          --input-len 512 --output-len 256
+        keep
+      done
+    fi
+    if [[ $parts == *+rates+* ]]; then
+      sweep "$cfg-rates" --rates "${SETTLE_RATES:-40,55,70}" --pass-seconds "${SETTLE_PASS_SECONDS:-10}" --repeats 3 \
+        --input-len 512 --output-len 256 --slo-ttft-ms 1000 --slo-tpot-ms 50 --plots "$RES/plots-$cfg"
       keep
-    done
-    sweep "$cfg-rates" --rates "${SETTLE_RATES:-20,35,50,65,80}" --requests "${SETTLE_REQUESTS:-150}" --repeats 3 \
-      --input-len 512 --output-len 256 --slo-ttft-ms 1000 --slo-tpot-ms 50 --plots "$RES/plots-$cfg"
+    fi
+    if [[ $parts == *+soak+* ]]; then
+      python3 -m glmdeploy.soak run --node-config "$NODE" --duration "${SOAK_DURATION:-6m}" --window 30s \
+        --concurrency "${SOAK_CONCURRENCY:-64}" --json "$RES/soak-$cfg.json" 2>&1 | tail -30 | tee "$RES/soak-$cfg.txt"
+      keep
+    fi
     stop_server
     keep
   done
@@ -517,18 +530,6 @@ card24)  # (after stage1) a 24 GB card emulated: the engine's memory budget cut 
   stop_server; keep
   ls -la "$OUT_FINAL"
   ;;
-soak)  # (after stage1) the kit's soak on the kit's settings, with the exporter and prober watching
-  results_dir soak
-  ensure_vllm || exit 1
-  versions "$RES/versions.txt"
-  # shellcheck disable=SC2086
-  start_server soak $(kit_args) || { keep; exit 1; }
-  monitor_start
-  python3 -m glmdeploy.soak run --node-config "$NODE" --duration "${SOAK_DURATION:-6m}" --window 30s \
-    --concurrency "${SOAK_CONCURRENCY:-64}" --json "$RES/soak.json" 2>&1 | tail -30 | tee "$RES/soak.txt"
-  monitor_stop; stop_server; keep
-  ls -la "$OUT_FINAL"
-  ;;
 stage3)
   start_server default || exit 1
   bench default --input-lens 512 --output-lens 256 --concurrency 1,64
@@ -541,5 +542,5 @@ stage3)
   stop_server
   ;;
 *)
-  echo "usage: $0 stage1|stage2|stage2b|stage3|served|baseline|tp2|frontend CONFIG...|settle CONFIG...|card24|soak|rehearsal-weights DEST|staged MODEL_DIR|params MODEL_DIR" >&2; exit 2 ;;
+  echo "usage: $0 stage1|stage2|stage2b|stage3|served|baseline|tp2|frontend CONFIG...|settle CONFIG...|card24|rehearsal-weights DEST|staged MODEL_DIR|params MODEL_DIR" >&2; exit 2 ;;
 esac

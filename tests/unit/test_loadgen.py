@@ -167,13 +167,19 @@ def test_goodput_counts_completed_requests_within_every_target():
     assert (row["completed"], row["failed"], row["goodput_per_s"], row["requests_per_s"]) == (2, 1, 0.5, 1.0)
 
 
-def test_the_knee_is_the_last_rate_whose_goodput_keeps_up_with_what_was_offered():
-    def row(rate: float | str, goodput: float) -> dict:
-        return {"rate": rate, "goodput_per_s": {"mean": goodput, "ci95": 0.0, "n": 3}}
+def test_the_knee_is_the_last_rate_at_which_nine_in_ten_requests_met_their_targets():
+    def row(rate: float | str, done: float, goodput: float) -> dict:
+        return {
+            "rate": rate,
+            "requests_per_s": {"mean": done, "ci95": 0.0, "n": 3},
+            "goodput_per_s": {"mean": goodput, "ci95": 0.0, "n": 3},
+        }
 
-    summary = [row(1.0, 1.0), row(2.0, 1.95), row(4.0, 3.0), row(8.0, 7.9), row("inf", 3.1)]
+    # A short pass completes fewer requests per second than were offered (its last requests' own
+    # time is in its duration): 0.87 of 1/s with every request on target is not a shortfall.
+    summary = [row(1.0, 0.87, 0.87), row(2.0, 1.7, 1.6), row(4.0, 3.0, 2.0), row(8.0, 4.0, 3.9), row("inf", 3.1, 3.1)]
     assert bench.knee(summary)["rate"] == 2.0, "a rate after the first shortfall does not count"
-    assert bench.knee([row(1.0, 0.5)]) is None
+    assert bench.knee([row(1.0, 1.0, 0.5)]) is None
 
 
 def test_the_interval_is_students_t_over_the_repeats():
@@ -213,3 +219,8 @@ def test_each_sweep_pass_sends_prompts_no_earlier_pass_sent(standin, monkeypatch
     sent.clear()
     bench.run_sweep(client, [20.0, 40.0], 8, 4, requests=3, repeats=2, slo_ms={"ttft": 1000.0})
     assert sent == first_run, "the same sweep sends the same prompts: runs on different days compare"
+
+
+def test_pass_seconds_sizes_each_finite_rate_and_leaves_the_unbounded_one_at_its_count():
+    assert [bench.pass_size(rate, 40, 10.0) for rate in (2.5, 40.0, float("inf"))] == [25, 400, 40]
+    assert bench.pass_size(40.0, 40, None) == 40

@@ -5,6 +5,7 @@ that a stuck engine (one token repeated) is not a success although it answers 20
 from __future__ import annotations
 
 import json
+import math
 import socket
 import threading
 import time
@@ -150,3 +151,9 @@ def test_a_node_without_a_baseline_exports_none_rather_than_zero(tmp_path):
     metrics = prober.ProbeMetrics.create()
     prober.update_node_gauges(prober.NodeFacts(tmp_path, tmp_path, "cpu-cpu64"), metrics)
     assert not [name for name in samples(metrics) if name.startswith("glmdeploy_baseline_ttft_p99_seconds")]
+
+
+def test_a_missing_kit_root_leaves_the_disk_gauge_unknown_and_the_prober_running(tmp_path):
+    metrics = prober.ProbeMetrics.create()
+    prober.update_node_gauges(prober.NodeFacts(tmp_path / "absent", tmp_path, "cpu-cpu64"), metrics)
+    assert math.isnan(samples(metrics)["glmdeploy_kit_disk_free_ratio"])
