@@ -53,18 +53,31 @@ TYPICAL_SEQUENCE_TOKENS = 2048
 # (JSON, SSE framing, detokenisation of every stream) paced 256 streams on the H200 at 8-11 k
 # out tok/s; four carried 16.4-16.6 k (bench/h200/README.md, 2026-12-02 front end). The 24 GB
 # classes keep 1: at their 64 sequences one API server kept up, and 0.4.3 has no such option.
+# engine_batching: leave max_num_batched_tokens and max_num_seqs to the engine. On the H200 the
+# derived 16,384 / 512 lost to vLLM 0.26's own choice at 64 streams in two sessions (-7 %, 3 passes
+# each in the 2026-12-04 one) and won nothing the API servers did not (bench/h200/README.md, settle).
 GPU_CLASSES: dict[str, dict[str, object]] = {
     "rtx-4090": {"memory_mib": 24_564, "chunked_prefill": False, "names": ["RTX 4090", "RTX 4090 D"]},
     "rtx-3090": {"memory_mib": 24_576, "chunked_prefill": False, "names": ["RTX 3090"]},
     "a10": {"memory_mib": 23_028, "chunked_prefill": False, "names": ["A10"]},
     "l4": {"memory_mib": 23_034, "chunked_prefill": False, "names": ["L4"]},
-    "h200": {"memory_mib": 143_771, "chunked_prefill": True, "api_servers": 4, "names": ["H200"]},
+    "h200": {
+        "memory_mib": 143_771,
+        "chunked_prefill": True,
+        "api_servers": 4,
+        "engine_batching": True,
+        "names": ["H200"],
+    },
 }
 
 # --api-server-count is passed only to an engine at least this new: the vLLM it was measured on.
 # Older ones lack it (0.4.3's parser refuses it: the server would not start) or were not checked.
 # The role's sizing runs with the release's own Python, so the engine it sees is the one that starts.
 API_SERVER_COUNT_SINCE = (0, 26, 0)
+
+# What vLLM 0.26.0's OpenAI server batches per step on an H200 when not told (its start log:
+# max_num_batched_tokens=8192). The activation term of a class with engine_batching assumes it.
+ENGINE_DEFAULT_BATCHED_TOKENS = 8_192
 
 
 def engine_version() -> tuple[int, ...] | None:
@@ -83,8 +96,8 @@ class Settings:
     tensor_parallel_size: int
     memory_gib: float
     gpu_memory_utilization: float
-    max_num_batched_tokens: int
-    max_num_seqs: int
+    max_num_batched_tokens: int | None  # None: the engine's own (engine_batching)
+    max_num_seqs: int | None
     kv_cache_gib: float
     kv_cache_tokens: int
     contexts_32k: int
@@ -107,14 +120,15 @@ class Settings:
             if self.api_server_count > 1 and engine is not None and engine >= API_SERVER_COUNT_SINCE
             else []
         )
+        batching = [
+            *(["--max-num-batched-tokens", str(self.max_num_batched_tokens)] if self.max_num_batched_tokens else []),
+            *(["--max-num-seqs", str(self.max_num_seqs)] if self.max_num_seqs else []),
+        ]
         return [
             *tp,
             "--gpu-memory-utilization",
             f"{self.gpu_memory_utilization:.2f}",
-            "--max-num-batched-tokens",
-            str(self.max_num_batched_tokens),
-            "--max-num-seqs",
-            str(self.max_num_seqs),
+            *batching,
             "--enable-prefix-caching",
             *front_end,
         ]
@@ -139,14 +153,22 @@ def settings_for(
     utilization: float = 0.90,
     tensor_parallel: int = 1,
     api_servers: int = 1,
+    engine_batching: bool = False,
 ) -> Settings:
-    """The settings for one card (or `tensor_parallel` such cards in one host); ValueError when it does not fit."""
+    """The settings for one card (or `tensor_parallel` such cards in one host); ValueError when it does not fit.
+
+    engine_batching: pass no batch sizes (the engine picks them); the KV estimate then assumes
+    ENGINE_DEFAULT_BATCHED_TOKENS per step.
+    """
     if tensor_parallel not in TENSOR_PARALLEL_SIZES:
         raise ValueError(
             f"tensor parallel size {tensor_parallel}: ChatGLM3's 32 attention heads split"
             f" {', '.join(map(str, TENSOR_PARALLEL_SIZES))} ways"
         )
-    batched = (16_384 if memory_mib * MIB >= 40 * GIB else 8_192) if chunked_prefill else MAX_MODEL_LEN
+    if engine_batching:
+        batched = ENGINE_DEFAULT_BATCHED_TOKENS
+    else:
+        batched = (16_384 if memory_mib * MIB >= 40 * GIB else 8_192) if chunked_prefill else MAX_MODEL_LEN
     budget = memory_mib * MIB * utilization  # per GPU
     kv_bytes = (
         budget - WEIGHT_BYTES / tensor_parallel - batched * ACTIVATION_BYTES_PER_BATCHED_TOKEN - FIXED_OVERHEAD_BYTES
@@ -164,8 +186,8 @@ def settings_for(
         tensor_parallel_size=tensor_parallel,
         memory_gib=round(memory_mib * MIB / GIB, 2),
         gpu_memory_utilization=utilization,
-        max_num_batched_tokens=batched,
-        max_num_seqs=seqs,
+        max_num_batched_tokens=None if engine_batching else batched,
+        max_num_seqs=None if engine_batching else seqs,
         kv_cache_gib=round(kv_bytes * tensor_parallel / GIB, 2),
         kv_cache_tokens=kv_tokens,
         contexts_32k=kv_tokens // MAX_MODEL_LEN,
@@ -185,6 +207,7 @@ def for_class(gpu_class: str, tensor_parallel: int = 1) -> Settings:
         bool(spec["chunked_prefill"]),
         tensor_parallel=tensor_parallel,
         api_servers=int(spec.get("api_servers", 1)),  # type: ignore[call-overload]
+        engine_batching=bool(spec.get("engine_batching", False)),
     )
 
 
@@ -217,9 +240,12 @@ def table() -> str:
     ]
     for name in GPU_CLASSES:
         s = for_class(name)
+        engine = f"engine's ({ENGINE_DEFAULT_BATCHED_TOKENS:,})"
+        batched = f"{s.max_num_batched_tokens:,}" if s.max_num_batched_tokens else engine
+        seqs = str(s.max_num_seqs) if s.max_num_seqs else "engine's"
         lines.append(
-            f"| {name} | {s.memory_gib} | {s.gpu_memory_utilization:.2f} | {s.max_num_batched_tokens:,}"
-            f" | {s.max_num_seqs} | {s.kv_cache_gib} | {s.kv_cache_tokens:,}"
+            f"| {name} | {s.memory_gib} | {s.gpu_memory_utilization:.2f} | {batched}"
+            f" | {seqs} | {s.kv_cache_gib} | {s.kv_cache_tokens:,}"
             f" | {s.contexts_32k} | {s.contexts_4k} | {s.contexts_1k} | {s.api_server_count} |"
         )
     return "\n".join(lines)
