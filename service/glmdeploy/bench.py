@@ -650,7 +650,17 @@ def main(argv: list[str] | None = None) -> int:
     base = sub.choices["baseline"]
     base.add_argument("--out", type=Path, required=True, help="where to write the baseline JSON")
     base.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="allowed slowdown (0.15 = 15%%)")
+    cmp = sub.add_parser(
+        "compare",
+        help="sweeps of different servers side by side, each rate's figures as a ratio to the first (no server needed)",
+    )
+    cmp.add_argument(
+        "sweeps", type=Path, nargs="+", help="sweep JSONs (make bench / sweep --json); the first is the reference"
+    )
+    cmp.add_argument("--json", type=Path, help="also write the comparison here")
     args = parser.parse_args(argv)
+    if args.command == "compare":
+        return compare_command(args.sweeps, args.json)
     client, settings = _client(args)
     if not client.health():
         print(f"error: no server answers at {client.base_url} (is the node deployed and running?)", file=sys.stderr)
@@ -732,6 +742,72 @@ def sweep_command(client: ApiClient, args: argparse.Namespace, meta: dict[str, A
         path = plot_sweep(summary, best, args.plots, args.label or client.model, slo)
         if path:
             print(f"plot -> {path}")
+    return 0
+
+
+COMPARED = ("requests_per_s", "goodput_per_s", "output_tokens_per_s", "ttft_p99_ms")
+
+
+def compare_sweeps(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per offered rate that every run swept: each run's means and their ratios to the first run's.
+
+    Why a ratio per rate, not per run: the question is how much more a tuned server serves than
+    another at the same offered load (the seeds asked "how much faster than one at a time");
+    runs that swept different workloads are refused, their ratios would mean nothing."""
+    first = runs[0]
+    for run in runs[1:]:
+        for key in ("input_len", "output_len", "arrival", "burstiness"):
+            if run["workload"].get(key) != first["workload"].get(key):
+                raise ValueError(
+                    f"{run.get('label') or run['endpoint']}: workload {key} {run['workload'].get(key)!r}, the first"
+                    f" sweep's is {first['workload'].get(key)!r}: compare sweeps of one workload"
+                )
+    by_rate = [{str(row["rate"]): row for row in run["summary"]} for run in runs]
+    rates = [str(row["rate"]) for row in first["summary"] if all(str(row["rate"]) in r for r in by_rate)]
+    out = []
+    for rate in rates:
+        ref = by_rate[0][rate]
+        cells = []
+        for run, rows in zip(runs, by_rate, strict=True):
+            row = rows[rate]
+            cells.append(
+                {
+                    "label": run.get("label") or run["endpoint"],
+                    **{key: row[key]["mean"] for key in COMPARED},
+                    "ratio": {
+                        key: round(row[key]["mean"] / ref[key]["mean"], 3) if ref[key]["mean"] else None
+                        for key in COMPARED
+                    },
+                }
+            )
+        out.append({"rate": rate, "runs": cells})
+    return out
+
+
+def compare_command(paths: list[Path], json_out: Path | None) -> int:
+    try:
+        runs = [json.loads(path.read_text()) for path in paths]
+        missing = [str(p) for p, run in zip(paths, runs, strict=True) if "summary" not in run]
+        if missing:
+            raise ValueError(f"{', '.join(missing)}: not a sweep's JSON (make bench writes reports/bench/sweep.json)")
+        rows = compare_sweeps(runs)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"{'offered':>8} {'server':<24} {'req/s':>8} {'goodput':>8} {'out tok/s':>10} {'TTFT p99':>10} {'x first':>8}"
+    )
+    for row in rows:
+        for cell in row["runs"]:
+            ratio = cell["ratio"]["output_tokens_per_s"]
+            figures = (
+                f"{cell['requests_per_s']:>8.2f} {cell['goodput_per_s']:>8.2f} {cell['output_tokens_per_s']:>10.1f}"
+            )
+            ratio_text = "-" if ratio is None else f"{ratio:.2f}"
+            print(f"{row['rate']:>8} {cell['label'][:24]:<24} {figures} {cell['ttft_p99_ms']:>10.0f} {ratio_text:>8}")
+    if json_out:
+        _write(json_out, {"sweeps": [str(p) for p in paths], "rates": rows})
+        print(f"comparison -> {json_out}")
     return 0
 
 

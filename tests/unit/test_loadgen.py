@@ -182,6 +182,41 @@ def test_the_knee_is_the_last_rate_at_which_nine_in_ten_requests_met_their_targe
     assert bench.knee([row(1.0, 1.0, 0.5)]) is None
 
 
+def _sweep(label: str, workload: dict, rows: dict) -> dict:
+    def cell(value: float) -> dict:
+        return {"mean": value, "ci95": 0.0, "n": 3}
+
+    summary = [
+        {
+            "rate": rate,
+            **{key: cell(v) for key, v in zip(bench.COMPARED, values, strict=True)},
+        }
+        for rate, values in rows.items()
+    ]
+    return {"label": label, "endpoint": "http://127.0.0.1:1/v1", "workload": workload, "summary": summary}
+
+
+def test_compare_gives_each_rate_as_a_ratio_to_the_first_sweep_and_refuses_other_workloads(tmp_path, capsys):
+    work = {"input_len": 128, "output_len": 64, "arrival": "poisson", "burstiness": 1.0}
+    kit = _sweep(
+        "kit", work, {1.0: (1.0, 1.0, 64.0, 300.0), 4.0: (3.8, 3.6, 240.0, 900.0), "inf": (5.0, 1.0, 320.0, 9e3)}
+    )
+    one = _sweep("one at a time", work, {1.0: (0.9, 0.5, 58.0, 1500.0), 4.0: (0.95, 0.0, 60.0, 6e4)})
+    rows = bench.compare_sweeps([kit, one])
+    assert [row["rate"] for row in rows] == ["1.0", "4.0"], "only rates both swept"
+    assert (
+        rows[1]["runs"][1]["ratio"]["output_tokens_per_s"] == 0.25 and rows[1]["runs"][0]["ratio"]["goodput_per_s"] == 1
+    )
+    paths = []
+    for run in (kit, one, {**one, "workload": {**work, "input_len": 512}}):
+        paths.append(tmp_path / f"{len(paths)}.json")
+        paths[-1].write_text(json.dumps(run))
+    assert bench.main(["compare", str(paths[0]), str(paths[1]), "--json", str(tmp_path / "c.json")]) == 0
+    assert "one at a time" in capsys.readouterr().out and json.loads((tmp_path / "c.json").read_text())["rates"]
+    assert bench.main(["compare", str(paths[0]), str(paths[2])]) == 2
+    assert "workload input_len 512, the first sweep's is 128" in capsys.readouterr().err
+
+
 def test_the_interval_is_students_t_over_the_repeats():
     got = bench.interval95([10.0, 12.0, 14.0])
     assert got["mean"] == 12.0 and got["ci95"] == pytest.approx(4.303 * 2.0 / 3**0.5, abs=1e-3)
