@@ -347,7 +347,7 @@ drills: tools ## Fault drills: the fleet tests and drills on 3 test hosts, then 
 
 # What the tests need from the distribution: a headless browser (UI test), libnuma (CPU vLLM),
 # zstd (release packs), debootstrap + systemd-nspawn + iproute2 + ssh (test hosts).
-TEST_PACKAGES := chromium libnuma1 python3-venv zstd debootstrap systemd-container iproute2 openssh-client podman runc
+TEST_PACKAGES := chromium fonts-wqy-microhei libnuma1 python3-venv zstd debootstrap systemd-container iproute2 openssh-client podman runc
 
 test-packages: ## Install the distribution packages the tests need (root; nothing happens when all are there)
 	@if dpkg -s $(TEST_PACKAGES) >/dev/null 2>&1; then echo "==> test packages present"; \

@@ -1,21 +1,32 @@
-"""Streamlit chat app: multi-turn history, streamed replies, sampling settings.
+"""Streamlit chat app: multi-turn history that fits the node's window, streamed replies that can
+be stopped and regenerated, a system prompt, errors worded by whose they are, English and Chinese.
 
 Run with `streamlit run glmdeploy/ui.py`; settings come from the node config
 (GLMDEPLOY_NODE_CONFIG). Prompts are built as token ids by `prompt.py`, so a
-user typing `<|user|>` never creates a role marker.
+user typing `<|user|>` never creates a role marker; `conversation.py` decides which turns
+are sent and `ui_text.py` holds every word the page shows.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
-import time
+import socket
+from pathlib import Path
 from typing import Any
 
 import streamlit as st
 
+from glmdeploy import ui_text
 from glmdeploy.client import ApiClient, ServerError, ServerUnavailable
-from glmdeploy.config import NodeConfig
+from glmdeploy.config import ENV_VAR, NodeConfig
+from glmdeploy.conversation import MessageTooLong, Reply, fit, stream_reply
 from glmdeploy.prompt import PromptBuilder, PromptInjectionError, load_tokenizer
+
+# How long the status line's "generating" check is reused: one tiny generation per 10 s at most,
+# whatever the number of open pages.
+STATUS_TTL_S = 10
 
 
 @st.cache_resource(show_spinner="Loading the tokenizer...")
@@ -29,61 +40,175 @@ def _node() -> NodeConfig:
     return NodeConfig.load()
 
 
-def _sidebar() -> dict[str, Any]:
+@st.cache_data(ttl=STATUS_TTL_S, show_spinner=False)
+def _generating(api_url: str) -> bool:
+    """Whether the server generates right now: one token of a one-turn chat (the readiness check's kind)."""
+    node = _node()
+    client = ApiClient.for_node(node, timeout_s=10)
+    try:
+        ids = _builder(node.model_dir).chat_ids([{"role": "user", "content": "hi"}])
+        return client.complete(ids, max_tokens=1, temperature=0.0, stream=False).finish_reason is not None
+    except (ServerError, ServerUnavailable, OSError):
+        return False
+
+
+def _release() -> str:
+    """The release this node runs: release.json beside the node config the UI was started with."""
+    config = Path(os.environ.get(ENV_VAR) or "/etc/glmdeploy/node.json").resolve()
+    try:
+        return str(json.loads((config.parent / "release.json").read_text())["id"])
+    except (OSError, ValueError, KeyError):
+        return "?"
+
+
+def _browser_language() -> str:
+    context = getattr(st, "context", None)  # Streamlit >= 1.37; the gpu locks carry 1.36
+    headers = getattr(context, "headers", None) or {}
+    return ui_text.language_of(headers.get("Accept-Language"))
+
+
+def _sidebar() -> tuple[dict[str, str], dict[str, Any]]:
     with st.sidebar:
-        st.header("Settings")
+        codes = list(ui_text.LANGUAGES)
+        # The browser's language on a new page; the widget keeps the user's choice after that.
+        lang = st.selectbox(
+            "Language / 语言",
+            codes,
+            index=codes.index(_browser_language()),
+            format_func=ui_text.LANGUAGES.__getitem__,
+            key="lang",
+        )
+        words = ui_text.STRINGS[lang]
+        st.header(words["settings"])
         settings = {
-            "temperature": st.slider("Temperature", 0.0, 2.0, 0.8, 0.05),
-            "top_p": st.slider("Top-p", 0.05, 1.0, 0.8, 0.05),
-            "max_tokens": st.number_input("Max new tokens", 1, 8192, 256, 16),
+            "system": st.text_area(words["system"], "", help=words["system_help"]),
+            "temperature": st.slider(words["temperature"], 0.0, 2.0, 0.8, 0.05),
+            "top_p": st.slider(words["top_p"], 0.05, 1.0, 0.8, 0.05),
+            "max_tokens": st.number_input(words["max_tokens"], 1, 8192, 256, 16),
         }
-        if st.button("Clear chat"):
+        if st.button(words["clear"]):
             st.session_state.history = []
-    return settings
+            st.session_state.pop("pending", None)
+    return words, settings
+
+
+def _caption(message: dict[str, Any], words: dict[str, str]) -> None:
+    notes = []
+    if message.get("dropped"):
+        notes.append(words["dropped"].format(count=message["dropped"], limit=message["limit"]))
+    if message.get("stats"):
+        notes.append(words["stats"].format(**message["stats"]))
+    if message.get("stopped"):
+        notes.append(words["stopped"])
+    if notes:
+        st.caption(" · ".join(notes))
+
+
+def _finish(reply: Reply, window_dropped: int, limit: int, stopped: bool) -> dict[str, Any]:
+    stats = {"ttft": reply.first_token_s or 0.0, "tokens": reply.tokens, "rate": reply.tokens_per_s}
+    return {
+        "role": "assistant",
+        "content": reply.text,
+        "stats": stats if reply.tokens else None,
+        "dropped": window_dropped,
+        "limit": limit,
+        "stopped": stopped,
+    }
+
+
+def _answer(node: NodeConfig, words: dict[str, str], settings: dict[str, Any], history: list[dict[str, Any]]) -> None:
+    """Stream a reply to the chat's last user message, with a Stop button while it streams."""
+    lang = st.session_state.get("lang", "en")
+    host = socket.gethostname()
+    max_tokens = int(settings["max_tokens"])
+    turns = [{"role": m["role"], "content": m["content"]} for m in history]
+    with st.chat_message("assistant"):
+        try:
+            window = fit(_builder(node.model_dir), turns, node.max_model_len, max_tokens, settings["system"])
+        except MessageTooLong as exc:
+            history.pop()
+            over = exc.message_tokens + exc.reply_tokens - exc.max_model_len
+            st.warning(
+                words["too_long"].format(
+                    tokens=exc.message_tokens, limit=exc.max_model_len, reply=max_tokens, over=over
+                )
+            )
+            return
+        except PromptInjectionError as exc:
+            history.pop()
+            st.warning(words["injection"].format(detail=exc))
+            return
+        stop = st.empty()
+        stop.button(words["stop"], key=f"stop-{len(history)}")
+        text = st.empty()
+        reply = Reply()
+        # A Stop (or any other click) reruns the script: the stream below is cut where it is, the
+        # generator closed (the server aborts the request), and the next run files what arrived.
+        st.session_state.pending = {"dropped": window.dropped, "limit": node.max_model_len, "reply": reply}
+        client = ApiClient.for_node(node)
+        pieces = stream_reply(
+            client, window.ids, max_tokens, float(settings["temperature"]), float(settings["top_p"]), reply
+        )
+        try:
+            with contextlib.closing(pieces):
+                for _ in pieces:
+                    text.markdown(reply.text + " ▌")
+        except (ServerError, ServerUnavailable) as exc:
+            st.session_state.pop("pending", None)
+            history.pop()
+            failure = ui_text.describe(exc, lang, host)
+            (st.warning if failure.whose == "user" else st.error)(failure.text)
+            return
+        st.session_state.pop("pending", None)
+        stop.empty()
+        text.markdown(reply.text)
+        message = _finish(reply, window.dropped, node.max_model_len, stopped=False)
+        _caption(message, words)
+    history.append(message)
+
+
+def _status(node: NodeConfig, words: dict[str, str]) -> None:
+    state = words["status_ok"] if _generating(node.api_url) else words["status_down"]
+    st.caption(
+        words["status"].format(
+            node=socket.gethostname(),
+            profile=node.profile,
+            model=node.served_model_name,
+            release=_release(),
+            state=state,
+        )
+    )
 
 
 def main() -> None:
     st.set_page_config(page_title="ChatGLM3 chat", page_icon=":speech_balloon:")
     node = _node()
-    st.title("ChatGLM3-6B-32k")
-    st.caption(f"profile {node.profile} · model {node.served_model_name} · {node.api_url}")
-    settings = _sidebar()
-    builder = _builder(node.model_dir)  # before the input box: the first reply must not wait on it
-    history: list[dict[str, str]] = st.session_state.setdefault("history", [])
+    words, settings = _sidebar()
+    st.title(words["title"])
+    _status(node, words)
+    _builder(node.model_dir)  # before the input box: the first reply must not wait on it
+    history: list[dict[str, Any]] = st.session_state.setdefault("history", [])
+    pending = st.session_state.pop("pending", None)
+    if pending is not None:  # the last run was cut mid-reply (Stop): keep what had arrived
+        history.append(_finish(pending["reply"], pending["dropped"], pending["limit"], stopped=True))
     for message in history:
         with st.chat_message(message["role"]):
             st.markdown(message["content"])
-    prompt = st.chat_input("Type a message")
-    if not prompt:
+            _caption(message, words)
+    prompt = st.chat_input(words["input"])
+    if prompt:
+        history.append({"role": "user", "content": prompt})
+        with st.chat_message("user"):
+            st.markdown(prompt)
+    elif st.session_state.pop("regenerate", False):
+        pass  # the last reply was taken off in the run before, which drew the page without it
+    else:
+        if history and history[-1]["role"] == "assistant" and st.button(words["regenerate"]):
+            history.pop()
+            st.session_state.regenerate = True
+            st.rerun()
         return
-    history.append({"role": "user", "content": prompt})
-    with st.chat_message("user"):
-        st.markdown(prompt)
-    client = ApiClient.for_node(node)
-    with st.chat_message("assistant"):
-        try:
-            ids = builder.chat_ids(history)
-            started = time.monotonic()
-            reply = st.write_stream(
-                client.stream_completion(
-                    ids, int(settings["max_tokens"]), float(settings["temperature"]), float(settings["top_p"])
-                )
-            )
-            # Shown once the reply is complete (and what tells a test the stream ended).
-            st.caption(f"replied in {time.monotonic() - started:.1f} s")
-        except ServerUnavailable as exc:
-            history.pop()
-            st.error(f"The model server is not answering: {exc}. Check the node with `make smoke`.")
-            return
-        except ServerError as exc:
-            history.pop()
-            st.error(f"The model server failed this reply: {exc}. Check the node with `make smoke`.")
-            return
-        except PromptInjectionError as exc:
-            history.pop()
-            st.error(f"Message refused: {exc}")
-            return
-    history.append({"role": "assistant", "content": str(reply)})
+    _answer(node, words, settings, history)
 
 
 main()
