@@ -24,7 +24,7 @@ from __future__ import annotations
 import http.client
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -148,7 +148,7 @@ class ApiClient:
             if choice.get("text"):
                 yield choice["text"]
 
-    def stream_events(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    def stream_events(self, path: str, body: dict[str, Any]) -> Generator[dict[str, Any], None, None]:
         """Decoded server-sent events of one streamed request, until `[DONE]` (glmdeploy.sse).
 
         An error event (what vLLM sends when generation fails after the stream began, with

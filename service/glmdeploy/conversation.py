@@ -8,6 +8,7 @@ is the server's count; a message that cannot fit even alone is refused before an
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
@@ -106,12 +107,13 @@ def stream_reply(
     if client.returns_token_ids:
         body["return_token_ids"] = True
     start = time.monotonic()
-    for event in client.stream_events("/completions", body):
-        for choice in event.get("choices", []):
-            reply.tokens += len(choice.get("token_ids") or []) or 1
-            reply.elapsed_s = time.monotonic() - start
-            if reply.first_token_s is None:
-                reply.first_token_s = reply.elapsed_s
-            if choice.get("text"):
-                reply.text += choice["text"]
-                yield choice["text"]
+    with contextlib.closing(client.stream_events("/completions", body)) as events:
+        for event in events:
+            for choice in event.get("choices", []):
+                reply.tokens += len(choice.get("token_ids") or []) or 1
+                reply.elapsed_s = time.monotonic() - start
+                if reply.first_token_s is None:
+                    reply.first_token_s = reply.elapsed_s
+                if choice.get("text"):
+                    reply.text += choice["text"]
+                    yield choice["text"]

@@ -29,7 +29,7 @@ from glmdeploy.prompt import PromptBuilder, PromptInjectionError, load_tokenizer
 STATUS_TTL_S = 10
 
 
-@st.cache_resource(show_spinner="Loading the tokenizer...")
+@st.cache_resource(show_spinner="Loading the tokenizer... / 正在加载分词器...")
 def _builder(model_dir: str) -> PromptBuilder:
     trust = os.environ.get("GLMDEPLOY_TRUST_REMOTE_CODE") == "1"
     return PromptBuilder.from_tokenizer(load_tokenizer(model_dir, trust))
@@ -154,17 +154,21 @@ def _answer(node: NodeConfig, words: dict[str, str], settings: dict[str, Any], h
                 for _ in pieces:
                     text.markdown(reply.text + " ▌")
         except (ServerError, ServerUnavailable) as exc:
-            st.session_state.pop("pending", None)
-            history.pop()
+            # Filed by a newer run already (a click as the stream failed): that run owns the history.
+            if st.session_state.pop("pending", None) is not None:
+                history.pop()
             failure = ui_text.describe(exc, lang, host)
             (st.warning if failure.whose == "user" else st.error)(failure.text)
             return
-        st.session_state.pop("pending", None)
+        # History first, drawing after: a click now interrupts at the next st.* call, and the
+        # reply must already be filed by then (or filed by the newer run, as stopped).
+        if st.session_state.pop("pending", None) is None:
+            return
+        message = _finish(reply, window.dropped, node.max_model_len, stopped=False)
+        history.append(message)
         stop.empty()
         text.markdown(reply.text)
-        message = _finish(reply, window.dropped, node.max_model_len, stopped=False)
         _caption(message, words)
-    history.append(message)
 
 
 def _status(node: NodeConfig, words: dict[str, str]) -> None:

@@ -262,7 +262,7 @@ def send(page, text: str) -> None:
 
 
 def set_number(page, label: str, value: int) -> None:
-    field = page.get_by_label(label)
+    field = page.get_by_label(label, exact=True)
     field.fill(str(value))
     field.press("Enter")
     page.wait_for_function(
@@ -345,8 +345,9 @@ def test_chat_ui_trims_a_long_chat_refuses_a_too_long_message_stops_and_regenera
     long_text = unit * int(1500 / per_unit)  # about 1,500 tokens: three do not fit 4,096
     with chat_page(node["ui_url"]) as page:
         set_number(page, "Max new tokens", 16)
-        page.get_by_label("System prompt").fill("Answer in one short sentence.")
-        page.get_by_label("System prompt").press("Control+Enter")
+        system = page.get_by_label("System prompt", exact=True)  # not its help icon's "Help for System prompt"
+        system.fill("Answer in one short sentence.")
+        system.press("Control+Enter")
         for turn in range(3):
             send(page, f"Part {turn + 1}: {long_text}")
             text = reply_done(page, 2 * turn + 1)
@@ -374,7 +375,7 @@ def test_chat_ui_trims_a_long_chat_refuses_a_too_long_message_stops_and_regenera
             timeout=120_000,
         )
         assert server_metric(node["api_url"], "vllm:num_requests_running") >= 1, "no request running mid-reply"
-        page.get_by_role("button", name="Stop").click()
+        message.get_by_role("button", name="Stop", exact=True).click()  # not Streamlit's own Stop in its header
         message.get_by_text(re.compile("stopped by you")).wait_for(timeout=30_000)
         deadline = time.monotonic() + 30
         while server_metric(node["api_url"], "vllm:num_requests_running") > 0:
