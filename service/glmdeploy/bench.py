@@ -795,15 +795,17 @@ def compare_command(paths: list[Path], json_out: Path | None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(
-        f"{'offered':>8} {'server':<24} {'req/s':>8} {'goodput':>8} {'out tok/s':>10} {'TTFT p99':>10} {'x first':>8}"
+        f"{'offered':>8} {'server':<24} {'req/s':>8} {'goodput':>8} {'out tok/s':>10} {'TTFT p99':>10} {'first x':>8}"
     )
     for row in rows:
         for cell in row["runs"]:
-            ratio = cell["ratio"]["output_tokens_per_s"]
+            # "first x": the first sweep's goodput over this one's, how many times more requests
+            # the first served within the targets at this offered rate.
+            ratio = cell["ratio"]["goodput_per_s"]
             figures = (
                 f"{cell['requests_per_s']:>8.2f} {cell['goodput_per_s']:>8.2f} {cell['output_tokens_per_s']:>10.1f}"
             )
-            ratio_text = "-" if ratio is None else f"{ratio:.2f}"
+            ratio_text = "-" if not ratio else f"{1 / ratio:.2f}"
             print(f"{row['rate']:>8} {cell['label'][:24]:<24} {figures} {cell['ttft_p99_ms']:>10.0f} {ratio_text:>8}")
     if json_out:
         _write(json_out, {"sweeps": [str(p) for p in paths], "rates": rows})
