@@ -157,6 +157,7 @@ def _answer(node: NodeConfig, words: dict[str, str], settings: dict[str, Any], h
             # Filed by a newer run already (a click as the stream failed): that run owns the history.
             if st.session_state.pop("pending", None) is not None:
                 history.pop()
+            stop.empty()
             failure = ui_text.describe(exc, lang, host)
             (st.warning if failure.whose == "user" else st.error)(failure.text)
             return

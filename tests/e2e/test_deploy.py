@@ -362,6 +362,7 @@ def test_chat_ui_trims_a_long_chat_refuses_a_too_long_message_stops_and_regenera
         warning.wait_for(timeout=60_000)
         size = int(re.search(r"is ([\d,]+) tokens", warning.inner_text()).group(1).replace(",", ""))
         assert size > 8000 and "Shorten it by" in warning.inner_text()
+        warning.scroll_into_view_if_needed()
         shot(page, "message-too-long")
 
         page.get_by_role("button", name="Clear chat").click()
@@ -449,7 +450,8 @@ def test_chat_ui_with_its_server_down_says_so_and_whom_to_tell(deployed, tmp_pat
     )
     ui = subprocess.Popen(
         ["/opt/glmdeploy/current/venv/bin/glmdeploy-ui", "--server.address", "127.0.0.1", "--server.port", str(port),
-         "--server.headless", "true", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
+         "--server.headless", "true", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+         "--client.toolbarMode", "minimal"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
