@@ -208,12 +208,18 @@ def main() -> None:
     elif st.session_state.pop("regenerate", False):
         pass  # the last reply was taken off in the run before, which drew the page without it
     else:
-        if history and history[-1]["role"] == "assistant" and st.button(words["regenerate"]):
-            history.pop()
-            st.session_state.regenerate = True
-            st.rerun()
+        _regenerate_button(history, words)
         return
     _answer(node, words, settings, history)
+    _regenerate_button(history, words)  # under the reply just finished, not only after the next click
+
+
+def _regenerate_button(history: list[dict[str, Any]], words: dict[str, str]) -> None:
+    """One button (one key) whichever run draws it: a click reruns, and that run takes the reply off."""
+    if history and history[-1]["role"] == "assistant" and st.button(words["regenerate"], key="regenerate"):
+        history.pop()
+        st.session_state.regenerate = True
+        st.rerun()
 
 
 main()
