@@ -116,7 +116,9 @@ def _finish(reply: Reply, window_dropped: int, limit: int, stopped: bool) -> dic
     }
 
 
-def _answer(node: NodeConfig, words: dict[str, str], settings: dict[str, Any], history: list[dict[str, Any]]) -> None:
+def _answer(
+    node: NodeConfig, words: dict[str, str], settings: dict[str, Any], history: list[dict[str, Any]], stop: Any
+) -> None:
     """Stream a reply to the chat's last user message, with a Stop button while it streams."""
     lang = st.session_state.get("lang", "en")
     host = socket.gethostname()
@@ -138,8 +140,9 @@ def _answer(node: NodeConfig, words: dict[str, str], settings: dict[str, Any], h
             history.pop()
             st.warning(words["injection"].format(detail=exc))
             return
-        stop = st.empty()
-        stop.button(words["stop"], key=f"stop-{len(history)}")
+        # In the sidebar: a button inside the growing reply moves with every piece and is covered
+        # by the text as it reflows; the sidebar keeps it still, where the hand expects it.
+        stop.button(words["stop"], key=f"stop-{len(history)}", type="primary")
         text = st.empty()
         reply = Reply()
         # A Stop (or any other click) reruns the script: the stream below is cut where it is, the
@@ -188,6 +191,7 @@ def _status(node: NodeConfig, words: dict[str, str]) -> None:
 def main() -> None:
     st.set_page_config(page_title="ChatGLM3 chat", page_icon=":speech_balloon:")
     node = _node()
+    stop = st.sidebar.empty()  # the top of the sidebar: where Stop appears while a reply streams
     words, settings = _sidebar()
     st.title(words["title"])
     _status(node, words)
@@ -210,7 +214,7 @@ def main() -> None:
     else:
         _regenerate_button(history, words)
         return
-    _answer(node, words, settings, history)
+    _answer(node, words, settings, history, stop)
     _regenerate_button(history, words)  # under the reply just finished, not only after the next click
 
 

@@ -395,7 +395,8 @@ def test_chat_ui_trims_a_long_chat_refuses_a_too_long_message_stops_and_regenera
                 f"no request running on the server mid-reply: {message.inner_text()[-200:]}"
             )
             time.sleep(0.1)
-        message.get_by_role("button", name="Stop", exact=True).click()  # not Streamlit's own Stop in its header
+        # The page's Stop, in the sidebar (not Streamlit's own Stop in its header).
+        page.get_by_test_id("stSidebar").get_by_role("button", name="Stop", exact=True).click()
         message.get_by_text(re.compile("stopped by you")).wait_for(timeout=30_000)
         deadline = time.monotonic() + 30
         while server_metric(node["api_url"], "vllm:num_requests_running") > 0:
