@@ -210,7 +210,7 @@ def main() -> None:
         with st.chat_message("user"):
             st.markdown(prompt)
     elif st.session_state.pop("regenerate", False):
-        pass  # the last reply was taken off in the run before, which drew the page without it
+        pass  # Regenerate's callback took the last reply off before this run
     else:
         _regenerate_button(history, words)
         return
@@ -218,12 +218,19 @@ def main() -> None:
     _regenerate_button(history, words)  # under the reply just finished, not only after the next click
 
 
-def _regenerate_button(history: list[dict[str, Any]], words: dict[str, str]) -> None:
-    """One button (one key) whichever run draws it: a click reruns, and that run takes the reply off."""
-    if history and history[-1]["role"] == "assistant" and st.button(words["regenerate"], key="regenerate"):
+def _take_back_last_reply() -> None:
+    """Regenerate's callback: Streamlit runs it before the rerun the click starts, so that run draws
+    the chat without the reply and answers again (an st.rerun from the script drew it twice)."""
+    history = st.session_state.get("history") or []
+    if history and history[-1]["role"] == "assistant":
         history.pop()
         st.session_state.regenerate = True
-        st.rerun()
+
+
+def _regenerate_button(history: list[dict[str, Any]], words: dict[str, str]) -> None:
+    """One button (one key) whichever run draws it: under a finished reply."""
+    if history and history[-1]["role"] == "assistant":
+        st.button(words["regenerate"], key="regenerate", on_click=_take_back_last_reply)
 
 
 main()
