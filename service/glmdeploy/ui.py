@@ -92,7 +92,7 @@ def _sidebar() -> tuple[dict[str, str], dict[str, Any]]:
     return words, settings
 
 
-def _caption(message: dict[str, Any], words: dict[str, str]) -> None:
+def _caption(message: dict[str, Any], words: dict[str, str], target: Any = st) -> None:
     notes = []
     if message.get("dropped"):
         notes.append(words["dropped"].format(count=message["dropped"], limit=message["limit"]))
@@ -101,7 +101,7 @@ def _caption(message: dict[str, Any], words: dict[str, str]) -> None:
     if message.get("stopped"):
         notes.append(words["stopped"])
     if notes:
-        st.caption(" · ".join(notes))
+        target.caption(" · ".join(notes))
 
 
 def _finish(reply: Reply, window_dropped: int, limit: int, stopped: bool) -> dict[str, Any]:
@@ -143,7 +143,9 @@ def _answer(
         # In the sidebar: a button inside the growing reply moves with every piece and is covered
         # by the text as it reflows; the sidebar keeps it still, where the hand expects it.
         stop.button(words["stop"], key=f"stop-{len(history)}", type="primary")
-        text = st.empty()
+        # Both slots drawn at once: a regenerated reply must not show the old one's line under it
+        # (Streamlit keeps an earlier run's element on the page until something takes its place).
+        text, note = st.empty(), st.empty()
         reply = Reply()
         # A Stop (or any other click) reruns the script: the stream below is cut where it is, the
         # generator closed (the server aborts the request), and the next run files what arrived.
@@ -172,7 +174,7 @@ def _answer(
         history.append(message)
         stop.empty()
         text.markdown(reply.text)
-        _caption(message, words)
+        _caption(message, words, note)
 
 
 def _status(node: NodeConfig, words: dict[str, str]) -> None:

@@ -272,6 +272,11 @@ def set_number(page, label: str, value: int) -> None:
     )
 
 
+# The chat messages of the page's current run: Streamlit leaves an earlier run's elements on the
+# page, marked stale, until the new run draws over them.
+LIVE = "[...document.querySelectorAll('[data-testid=stChatMessage]')].filter(m => !m.closest('[data-stale=true]'))"
+
+
 def reply_done(page, nth: int, pattern: str = r"first token \d+\.\d\d s") -> str:
     """Wait for the nth chat message's line under a finished reply; return the message's text."""
     message = page.get_by_test_id("stChatMessage").nth(nth)
@@ -366,6 +371,7 @@ def test_chat_ui_trims_a_long_chat_refuses_a_too_long_message_stops_and_regenera
         shot(page, "message-too-long")
 
         page.get_by_role("button", name="Clear chat").click()
+        page.wait_for_function(f"() => {LIVE}.length === 0")
         set_number(page, "Max new tokens", 2048)
         message = page.get_by_test_id("stChatMessage").nth(1)
         # The fixture's random weights end a reply at a stop id now and then: a reply that ended
@@ -377,11 +383,10 @@ def test_chat_ui_trims_a_long_chat_refuses_a_too_long_message_stops_and_regenera
             else:
                 page.get_by_role("button", name="Regenerate the last reply").click()
                 page.wait_for_function(  # the finished reply taken off the page
-                    "() => { const m = document.querySelectorAll('[data-testid=stChatMessage]');"
-                    " return m.length < 2 || !/first token/.test(m[1].innerText); }"
+                    f"() => {{ const m = {LIVE}; return m.length < 2 || !/first token/.test(m[1].innerText); }}"
                 )
             page.wait_for_function(
-                "() => { const m = document.querySelectorAll('[data-testid=stChatMessage]');"
+                f"() => {{ const m = {LIVE};"
                 " return m.length > 1 && (m[1].innerText.length > 60 || /first token/.test(m[1].innerText)); }",
                 timeout=120_000,
             )
@@ -409,8 +414,7 @@ def test_chat_ui_trims_a_long_chat_refuses_a_too_long_message_stops_and_regenera
         set_number(page, "Max new tokens", 16)
         page.get_by_role("button", name="Regenerate the last reply").click()
         page.wait_for_function(  # the stopped reply taken off the page
-            "() => { const m = document.querySelectorAll('[data-testid=stChatMessage]');"
-            " return m.length < 2 || !/stopped by you/.test(m[1].innerText); }"
+            f"() => {{ const m = {LIVE}; return m.length < 2 || !/stopped by you/.test(m[1].innerText); }}"
         )
         text = reply_done(page, 1)
         assert "stopped by you" not in text and page.get_by_test_id("stChatMessage").count() == 2
