@@ -408,7 +408,7 @@ def test_chat_ui_trims_a_long_chat_refuses_a_too_long_message_stops_and_regenera
             assert time.monotonic() < deadline, "the server still runs the stopped request after 30 s"
             time.sleep(0.2)
         generated = server_metric(node["api_url"], "vllm:generation_tokens_total") - before
-        assert generated < 1500, f"{generated} tokens generated: the stopped reply ran on to its 2,048"
+        assert generated < 1000, f"{generated} tokens generated: the stopped reply ran on toward its 2,048"
         shot(page, "reply-stopped")
 
         set_number(page, "Max new tokens", 16)
