@@ -332,7 +332,11 @@ def test_chat_in_a_real_browser_streams_and_keeps_history(deployed):
             reply = reply_done(page, 2 * turn - 1)
             seen = {n for count, n in page.evaluate("() => window.__lengths") if count == 2 * turn and n > 0}
             assert reply.strip(), f"turn {turn}: the assistant reply is empty"
-            assert len(seen) >= 3, f"turn {turn}: reply arrived in one piece, not streamed ({sorted(seen)})"
+            # Streamed: the page showed part of the reply before all of it. (Streamlit sends at most the
+            # newest state of an element per flush, so on a busy machine the browser may see few.)
+            assert len(seen) >= 2 and min(seen) < max(seen) / 2, (
+                f"turn {turn}: reply arrived in one piece ({sorted(seen)})"
+            )
             assert text in messages.nth(2 * turn - 2).inner_text()
         assert messages.count() == 4, "history lost between turns"
         status = page.get_by_text(re.compile(r"^node .* · profile cpu · model "))
