@@ -66,7 +66,9 @@ def test_the_page_follows_the_browsers_language(header, lang):
 
 
 def test_a_refused_request_is_the_users_to_fix_and_shows_no_json():
-    body = '{"object":"error","message":"This model\'s maximum context length is 4096 tokens.","type":"BadRequestError"}'
+    body = (
+        '{"object":"error","message":"This model\'s maximum context length is 4096 tokens.","type":"BadRequestError"}'
+    )
     failure = ui_text.describe(ServerError(f"POST /completions -> HTTP 400: {body}", code=400), "en", "node1")
     assert failure.whose == "user" and "maximum context length is 4096 tokens" in failure.text
     assert "{" not in failure.text and "BadRequestError" not in failure.text
