@@ -13,7 +13,6 @@ import time
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 
-from glmdeploy import chatglm3
 from glmdeploy.client import ApiClient
 from glmdeploy.prompt import PromptBuilder
 
@@ -50,14 +49,13 @@ def fit(
     """The newest whole turns that leave `reply_tokens` free; the system prompt is always kept.
 
     A window starts at a user message, so no reply is sent without its question. Each message is
-    encoded once: the prompt is ChatGLM3's prefix, the messages' ids in order, then the assistant
-    marker (PromptBuilder.chat_ids), so sizes add up.
+    encoded once and the prompt joined from those ids (PromptBuilder.join), so sizes add up.
     """
     if not any(m["role"] == "user" for m in history):
         raise ValueError("a chat to send needs a user message")
     budget = max_model_len - reply_tokens
     head = [builder.message_ids("system", system)] if system.strip() else []
-    fixed = len(chatglm3.PREFIX_IDS) + 1 + sum(map(len, head))
+    fixed = len(builder.join(head))  # prefix, system prompt, assistant marker
     encoded = [builder.message_ids(m["role"], m["content"], m.get("metadata", "")) for m in history]
     total = fixed
     start = len(history)
@@ -71,10 +69,7 @@ def fit(
         last_user = max(i for i, m in enumerate(history) if m["role"] == "user")
         alone = fixed + sum(len(ids) for ids in encoded[last_user:])
         raise MessageTooLong(alone, max_model_len, reply_tokens)
-    ids = list(chatglm3.PREFIX_IDS)
-    for part in [*head, *encoded[start:]]:
-        ids += part
-    ids.append(chatglm3.ROLE_IDS["assistant"])
+    ids = builder.join([*head, *encoded[start:]])
     return Window(ids=ids, dropped=start, prompt_tokens=len(ids))
 
 

@@ -73,9 +73,16 @@ class PromptBuilder:
         return [chatglm3.ROLE_IDS[role], *self.text_ids(f"{metadata}\n"), *self.text_ids(content)]
 
     def chat_ids(self, messages: Iterable[Mapping[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        encoded = (self.message_ids(m["role"], m["content"], m.get("metadata", "")) for m in messages)
+        return self.join(encoded, add_generation_prompt)
+
+    @staticmethod
+    def join(encoded: Iterable[Sequence[int]], add_generation_prompt: bool = True) -> list[int]:
+        """A prompt from messages already encoded (message_ids): ChatGLM3's prefix, the messages in
+        order, then the assistant marker. Callers that size a chat encode each message once."""
         ids = list(chatglm3.PREFIX_IDS)
-        for message in messages:
-            ids += self.message_ids(message["role"], message["content"], message.get("metadata", ""))
+        for message in encoded:
+            ids += message
         if add_generation_prompt:
             ids.append(chatglm3.ROLE_IDS["assistant"])
         return ids

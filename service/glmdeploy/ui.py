@@ -135,7 +135,7 @@ def _answer(
             over = exc.message_tokens + exc.reply_tokens - exc.max_model_len
             st.warning(
                 words["too_long"].format(
-                    tokens=exc.message_tokens, limit=exc.max_model_len, reply=max_tokens, over=over
+                    tokens=exc.message_tokens, limit=exc.max_model_len, reply=exc.reply_tokens, over=over
                 )
             )
             return

@@ -37,7 +37,7 @@ from conftest import (
     service_user_processes,
 )
 
-from glmdeploy import sse
+from glmdeploy import bench, sse
 from glmdeploy_control import runlock
 
 NODE_LOCK = Path("/var/lib/glmdeploy/deploy.lock")
@@ -292,7 +292,7 @@ def shot(page, name: str) -> None:
 def server_metric(api_url: str, name: str) -> float:
     """One of the server's own gauges or counters, summed over its labels (its /metrics)."""
     text = urllib.request.urlopen(api_url.rsplit("/v1", 1)[0] + "/metrics", timeout=10).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+    return bench.metric_values(text).get(name, 0.0)
 
 
 def token_count(node: dict, text: str) -> int:
