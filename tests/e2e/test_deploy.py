@@ -780,6 +780,10 @@ def vllm_bench_serve(tmp_path: Path, node: dict, run: int) -> dict:
 CROSS_FLOOR = {"tok_s": 0.0, "ttft": 5.0, "tpot": 1.0}
 
 
+# A drill: beside the test hosts' chain (make test runs both on 2 cores), the two clients' TTFT and
+# TPOT medians moved apart by 36 % and 46 % in one run (and the other way in the run before),
+# beyond either client's own spread: on a busy machine it measures the load, not the clients.
+@pytest.mark.drill
 def test_bench_agrees_with_vllm_bench_serve_on_the_same_workload(deployed, tmp_path):
     """The same server, workload (lengths, Poisson rate, request count) and seed through both
     clients, each twice, alternating; their medians of output tokens/s, TTFT and TPOT within 10 %

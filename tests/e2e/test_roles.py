@@ -222,6 +222,9 @@ def test_service_unit_scenario(hosts):
     scenario("service_unit")
 
 
+# A drill since make test passed 25 minutes: every make test undeploys this machine's node at the
+# end and checks what was removed and kept (tests/e2e/conftest.py).
+@pytest.mark.drill
 def test_undeploy_scenario(hosts):
     """node_base and a kit service under systemd (prepare.yml), then undeploy: nothing of the kit is left."""
     scenario("undeploy")
