@@ -87,7 +87,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: firewall keys soak output-lock image image-smoke e2e-image test-inputs test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e e2e-node e2e-hosts test clean
+.PHONY: stage fixture-full firewall keys soak output-lock image image-smoke e2e-image test-inputs test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e e2e-node e2e-hosts test clean
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -147,7 +147,7 @@ wheelhouse: tools ## Download the wheels of PROFILE's lock once, on the control 
 # them by their times: a stamp beside each says when it was made, and a missing model is made
 # again whatever its stamp says. (Without the stamps every make that needed the fixture made it
 # again, swapping the directory under a server that was loading it.)
-FIXTURE_SOURCES := $(REFENV_READY) $(wildcard tests/support/fixture_model/*.py) service/glmdeploy/chatglm3.py $(wildcard tests/support/fixture_model/fixture_files/*.py)
+FIXTURE_SOURCES := $(REFENV_READY) $(filter-out %/full_size.py,$(wildcard tests/support/fixture_model/*.py)) service/glmdeploy/chatglm3.py $(wildcard tests/support/fixture_model/fixture_files/*.py)
 FIXTURE_MADE    := $(ARTIFACTS)/models/.$(REG_FIXTURE_MODEL).made
 $(FIXTURE_MADE): $(FIXTURE_SOURCES) $(if $(wildcard $(FIXTURE)/SHA256SUMS),,FORCE)
 	@PYTHONPATH=tests/support $(REFENV)/bin/python -m fixture_model $(FIXTURE)
@@ -157,6 +157,13 @@ fixture: $(FIXTURE_MADE) ## Generate the tiny ChatGLM3-architecture fixture mode
 
 .PHONY: FORCE
 FORCE:
+
+# ChatGLM3-6B-32k's real size (random fp16 in the published revision's seven .bin shards, 12.5 GB):
+# written once into a cache outside the checkout, checked by its manifest, staged as hard links.
+# For transfer and check costs only (bench/sizes/): no server loads it.
+FULL_SIZE_MODEL := $(ARTIFACTS)/models/chatglm3-6b-32k-full-size
+fixture-full: $(REFENV_READY) ## The model at its real size (12.5 GB, random fp16; cached in /var/cache/glmdeploy/fixtures), staged in artifacts/models/
+	@PYTHONPATH=tests/support $(REFENV)/bin/python -m fixture_model.full_size --stage $(FULL_SIZE_MODEL)
 
 # The gpu-cu121 rehearsal's model goes the way a real revision goes: a plain copy of a repo in the
 # published revision's shape (.bin shards, the 2023 tokenizer file, the chat template), with
@@ -210,6 +217,9 @@ weights: $(REFENV_READY) ## Stage a model revision once: REVISION=<40-hex commit
 # is always made (seconds; cpu nodes serve it), real weights are staged by `make weights`.
 deploy: tools $(REFENV_READY) fixture ## Deploy to INVENTORY (default: this machine) and run the smoke tests; each node's profile is its own
 	$(SERVE_ARTIFACTS) ansible-playbook -i $(INVENTORY) playbooks/site.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
+
+stage: tools fixture ## Place the model on INVENTORY's nodes that lack it, from the nodes that hold it (fan-out); starts and switches nothing
+	$(SERVE_ARTIFACTS) ansible-playbook -i $(INVENTORY) playbooks/stage.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 
 undeploy: tools ## Stop the services and remove the deployment (keeps artifacts/)
 	$(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/undeploy.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
@@ -346,8 +356,8 @@ drills: tools ## Fault drills: the fleet tests and drills on 3 test hosts, then 
 	  2>&1 | tee bench/drills/last-run.txt
 
 # What the tests need from the distribution: a headless browser (UI test), libnuma (CPU vLLM),
-# zstd (release packs), debootstrap + systemd-nspawn + iproute2 + ssh (test hosts).
-TEST_PACKAGES := chromium fonts-wqy-microhei libnuma1 python3-venv zstd debootstrap systemd-container iproute2 openssh-client podman runc
+# zstd (release packs), rsync (model stores: the artifact server and the unit tests), debootstrap + systemd-nspawn + iproute2 + ssh (test hosts).
+TEST_PACKAGES := chromium fonts-wqy-microhei libnuma1 python3-venv zstd rsync debootstrap systemd-container iproute2 openssh-client podman runc
 
 test-packages: ## Install the distribution packages the tests need (root; nothing happens when all are there)
 	@if dpkg -s $(TEST_PACKAGES) >/dev/null 2>&1; then echo "==> test packages present"; \

@@ -13,6 +13,11 @@ the API key included. This one:
   ``secrets/`` and the model files (copied over the Ansible connection) answer 404;
 - tells the playbook each node's URL in ``GLMDEPLOY_ARTIFACT_URLS`` (a JSON map, read by the
   ``glmdeploy`` role's defaults); preflight checks every node reaches it before anything changes;
+- serves the staged models through an rsync daemon (Debian's rsync) on the same addresses, to
+  those nodes' addresses only, read-only, ``secrets/`` and dot-files excluded (a staged model may
+  lie anywhere under artifacts/): model stores resume a cut transfer, which plain HTTP from this
+  server could not (``GLMDEPLOY_ARTIFACT_RSYNC``, read by the ``model`` role; the control
+  node is every node's last source of a model, after the nodes that hold it);
 - stops when the command ends, however it ends.
 
 Usage: ``python -m glmdeploy_control.artifact_server --root artifacts --inventory INV -- COMMAND [ARG...]``
@@ -25,10 +30,13 @@ import ipaddress
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -36,6 +44,7 @@ from typing import Any
 from glmdeploy_control.wrapped import command_of, run_child, wrapper_parser
 
 URLS_VAR = "GLMDEPLOY_ARTIFACT_URLS"
+RSYNC_VAR = "GLMDEPLOY_ARTIFACT_RSYNC"
 #: The only trees a node fetches over HTTP.
 SERVED = ("wheelhouse", "releases", "images")
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
@@ -152,9 +161,61 @@ def serve(root: Path, addresses: list[str], port: int, log_path: Path) -> tuple[
     return servers, port
 
 
+def serve_models(
+    root: Path, addresses: list[str], clients: list[str], workdir: Path, log_path: Path
+) -> tuple[list[subprocess.Popen[bytes]], int]:
+    """One rsync daemon per address, all on one free port: module ``artifacts`` read-only to clients."""
+    if shutil.which("rsync") is None:
+        raise ArtifactError(
+            "rsync is not installed on this control node; fix: apt install rsync (nodes fetch models with it)"
+        )
+    conf = workdir / "rsyncd.conf"
+    conf.write_text(
+        f"use chroot = no\nuid = {os.getuid()}\ngid = {os.getgid()}\n"
+        f"[artifacts]\n  path = {root}\n  read only = yes\n  list = no\n"
+        f"  hosts allow = {' '.join(clients)}\n  hosts deny = *\n  exclude = /secrets/ .*\n",
+        encoding="utf-8",
+    )
+    with socket.socket() as probe:
+        probe.bind((addresses[0], 0))
+        port = int(probe.getsockname()[1])
+    procs = []
+    for address in addresses:
+        argv = ["rsync", "--daemon", "--no-detach", f"--config={conf}", f"--address={address}", f"--port={port}"]
+        procs.append(subprocess.Popen([*argv, f"--log-file={log_path}"], stdin=subprocess.DEVNULL))
+        if not _listening(address, port, procs[-1]):
+            for proc in procs:
+                proc.terminate()
+            raise ArtifactError(f"rsync could not serve models on {address}:{port} (see {log_path}); fix: that port")
+    return procs, port
+
+
+def _listening(address: str, port: int, proc: subprocess.Popen[bytes], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            socket.create_connection((address, port), 0.2).close()
+            return True
+        except OSError:
+            time.sleep(0.05)
+    return False
+
+
+def _node_ip(hostvars: dict[str, Any], name: str) -> str | None:
+    try:
+        return str(socket.getaddrinfo(str(hostvars.get("ansible_host", name)), None)[0][4][0])
+    except (socket.gaierror, IndexError):
+        return None
+
+
 def reports_dir() -> Path:
     """The run's reports directory: `make REPORTS=...` exports it (one per run going on at the same time)."""
     return Path(os.environ.get("GLMDEPLOY_REPORTS", "reports"))
+
+
+def _rsync_url(address: str, port: int) -> str:
+    host = f"[{address}]" if ":" in address else address
+    return f"rsync://{host}:{port}/artifacts"
 
 
 def _url(address: str, port: int) -> str:
@@ -166,6 +227,8 @@ def run(root: Path, inventory: str, port: int, command: list[str]) -> int:
     nodes = {name: hv for name, hv in inventory_nodes(inventory).items() if needs_server(name, hv)}
     env = dict(os.environ)
     servers: list[ThreadingHTTPServer] = []
+    daemons: list[subprocess.Popen[bytes]] = []
+    workdir = tempfile.TemporaryDirectory(prefix="glmdeploy-artifacts-")
     if nodes:
         if not root.is_dir():
             raise ArtifactError(f"{root} does not exist: nothing to serve; fix: run from the kit's checkout")
@@ -175,9 +238,24 @@ def run(root: Path, inventory: str, port: int, command: list[str]) -> int:
         env[URLS_VAR] = json.dumps(urls, sort_keys=True)
         where = ", ".join(sorted({_url(a, port) for a in sources.values()}))
         log(f"serving {root}/wheelhouse and {root}/releases to {len(urls)} node(s) at {where} for this run")
+        clients = sorted({ip for name in sources if (ip := _node_ip(nodes[name], name))})
+        if sources:
+            daemons, rport = serve_models(
+                root,
+                sorted(set(sources.values())),
+                clients,
+                Path(workdir.name),
+                reports_dir() / "artifact-rsync.log",
+            )
+            env[RSYNC_VAR] = json.dumps({n: _rsync_url(a, rport) for n, a in sources.items()}, sort_keys=True)
+            log(f"serving the staged models under {root} over rsync on port {rport} to {', '.join(clients)}")
     try:
         return run_child(command, env=env)
     finally:
+        for daemon in daemons:
+            daemon.terminate()
+            daemon.wait(timeout=10)
+        workdir.cleanup()
         for server in servers:
             server.shutdown()
             server.server_close()

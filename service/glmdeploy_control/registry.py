@@ -77,6 +77,13 @@ class Balancer:
 
 
 @dataclass(frozen=True)
+class ModelShare:
+    """A node's share of the model stores it holds, for the length of a deploy's fan-out (roles/model)."""
+
+    port: int
+
+
+@dataclass(frozen=True)
 class Kit:
     lock_file: str
     wheelhouse: str
@@ -89,6 +96,7 @@ class Kit:
     services: dict[str, Service]
     image: Image
     balancer: Balancer
+    model_share: ModelShare
 
 
 @dataclass(frozen=True)

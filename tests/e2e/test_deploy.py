@@ -721,13 +721,17 @@ def test_make_bench_writes_results_and_plots(deployed):
 
 
 def test_make_bench_sweeps_request_rates_with_goodput_intervals_and_a_plot(deployed):
-    """Small (two rates, two passes, 8 requests of 16 tokens): the shape of a full sweep, not its figures."""
+    """Small (two rates, two passes, 8 requests of 16 tokens): the shape of a full sweep, not its figures.
+    Targets loose enough that every pass has goodput on a busy 2-core machine (all 8 at once there
+    once gave every request a TPOT over 100 ms: goodput 0, which this test is not about)."""
     out = ROOT / "reports" / "bench"
     (out / "sweep.json").unlink(missing_ok=True)
-    args = "--rates 4,inf --requests 8 --repeats 2 --input-len 128 --output-len 16 --slo-ttft-ms 2000"
+    args = (
+        "--rates 4,inf --requests 8 --repeats 2 --input-len 128 --output-len 16 --slo-ttft-ms 2000 --slo-tpot-ms 1000"
+    )
     proc = make("bench", f"BENCH_ARGS={args}", timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "goodput: requests/s meeting TTFT <= 2000 ms, TPOT <= 100 ms" in proc.stdout and "knee:" in proc.stdout
+    assert "goodput: requests/s meeting TTFT <= 2000 ms, TPOT <= 1000 ms" in proc.stdout and "knee:" in proc.stdout
     data = json.loads((out / "sweep.json").read_text())
     assert [row["rate"] for row in data["summary"]] == [4.0, "inf"] and len(data["passes"]) == 4
     for level in data["passes"]:
