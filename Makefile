@@ -87,7 +87,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: stage fixture-full firewall keys soak output-lock image image-smoke e2e-image test-inputs test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e e2e-node e2e-hosts test clean
+.PHONY: sizes stage fixture-full firewall keys soak output-lock image image-smoke e2e-image test-inputs test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e e2e-node e2e-hosts test clean
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -347,12 +347,17 @@ e2e-hosts: tools ## End-to-end on fresh test hosts: each role alone, then a 2-ho
 	rm -rf reports/e2e-logs/hosts
 	GLMDEPLOY_E2E_PART=hosts REPORTS=reports/hosts $(E2E_PYTEST) -m "not drill" $(E2E_HOSTS_TESTS) $(PYTEST_ARGS)
 
+sizes: tools ## Real sizes (a drill, about 20 min): the model at 12.5 GB on a test host, a store fanned out to 8 hosts on capped links, a cut transfer resumed; figures in bench/sizes/
+	rm -rf reports/e2e-logs/sizes
+	GLMDEPLOY_E2E_PART=sizes REPORTS=reports/hosts $(E2E_PYTEST) -s tests/e2e/test_sizes.py $(PYTEST_ARGS)
+
 drills: tools ## Fault drills: the fleet tests and drills on 3 test hosts, then this machine's drills (~70 min on 2 cores); output in bench/drills/last-run.txt
 	rm -rf reports/e2e-logs/drills
 	@mkdir -p bench/drills
 	set -o pipefail; export GLMDEPLOY_E2E_PART=drills; \
 	  { GLMDEPLOY_FLEET_HOSTS=3 REPORTS=reports/hosts $(E2E_PYTEST) tests/e2e/test_fleet.py $(PYTEST_ARGS) && \
-	  { $(E2E_PYTEST) -m drill $(E2E_NODE_TESTS) tests/e2e/test_image.py tests/e2e/test_container_host.py $(PYTEST_ARGS) || [ $$? = 5 ]; }; } \
+	  { $(E2E_PYTEST) -m drill $(E2E_NODE_TESTS) tests/e2e/test_image.py tests/e2e/test_container_host.py $(PYTEST_ARGS) || [ $$? = 5 ]; } && \
+	  { GLMDEPLOY_E2E_PART=sizes REPORTS=reports/hosts $(E2E_PYTEST) tests/e2e/test_sizes.py $(PYTEST_ARGS) || [ $$? = 5 ]; }; } \
 	  2>&1 | tee bench/drills/last-run.txt
 
 # What the tests need from the distribution: a headless browser (UI test), libnuma (CPU vLLM),

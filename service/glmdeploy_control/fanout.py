@@ -77,19 +77,23 @@ def rounds_for(nodes: int, per_holder: int = 1, holders: int = 1) -> int:
     return r
 
 
-def estimate(nodes: int, size: float, link: float, per_holder: int = 1) -> dict[str, float]:
+def estimate(nodes: int, size: float, link: float, per_holder: int = 1, hash_rate: float = 0.0) -> dict[str, float]:
     """Seconds to place `size` bytes on `nodes` nodes over links of `link` bit/s, both ways.
 
     Assumes: every machine has one link of that speed (a switch that carries all of them at
     once: a non-blocking switch), a transfer runs at the link's speed (rsync over TCP on an idle
-    LAN), and a holder serving k nodes at once splits its link k ways.
+    LAN), a holder serving k nodes at once splits its link k ways, and a receiver becomes a
+    holder after its arrival check, which reads the store once at `hash_rate` bytes/s (0: free).
     """
     one = size * 8 / link
+    check = size / hash_rate if hash_rate > 0 else 0.0
+    rounds = rounds_for(nodes, per_holder)
     return {
-        "single_source_s": nodes * one,
-        "fan_out_rounds": rounds_for(nodes, per_holder),
-        "fan_out_s": rounds_for(nodes, per_holder) * one * per_holder,
+        "single_source_s": nodes * one + check,
+        "fan_out_rounds": rounds,
+        "fan_out_s": rounds * (one * per_holder + check),
         "one_transfer_s": one,
+        "check_s": check,
     }
 
 
@@ -100,12 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     est.add_argument("--nodes", type=int, required=True, help="nodes that lack the store")
     est.add_argument("--size", type=float, required=True, help="bytes of the store (12.5e9: the real model)")
     est.add_argument("--link", type=float, action="append", help="link speed in bit/s (repeat; default 1e9 and 1e10)")
+    est.add_argument("--hash-rate", type=float, default=0.0, help="bytes/s of a node's arrival check (0: not counted)")
     args = parser.parse_args(argv)
     if args.nodes < 1 or args.size <= 0:
         parser.error("--nodes must be 1 or more and --size more than 0")
     print(f"{'link':>8} {'one transfer':>14} {'from one source':>16} {'fan-out rounds':>15} {'fan-out':>10}")
     for link in args.link or [1e9, 1e10]:
-        e = estimate(args.nodes, args.size, link)
+        e = estimate(args.nodes, args.size, link, hash_rate=args.hash_rate)
         print(
             f"{link / 1e9:>6g}G {_mmss(e['one_transfer_s']):>14} {_mmss(e['single_source_s']):>16}"
             f" {e['fan_out_rounds']:>15.0f} {_mmss(e['fan_out_s']):>10}"

@@ -60,6 +60,12 @@ def test_fifty_nodes_over_1_gbe_fan_out_in_six_rounds_instead_of_fifty_transfers
     assert e["fan_out_s"] == pytest.approx(600.0)
 
 
+def test_an_arrival_check_is_paid_once_a_round_by_fan_out_and_once_by_a_single_source():
+    e = fanout.estimate(50, 12.5e9, 1e10, hash_rate=1.25e9)
+    assert e["check_s"] == pytest.approx(10.0)
+    assert e["fan_out_s"] == pytest.approx(6 * (10.0 + 10.0)) and e["single_source_s"] == pytest.approx(500.0 + 10.0)
+
+
 def test_estimate_cli_prints_both_links(capsys):
     assert fanout.main(["estimate", "--nodes", "50", "--size", "12.5e9"]) == 0
     out = capsys.readouterr().out.splitlines()
