@@ -351,7 +351,7 @@ sizes: tools ## Real sizes (a drill, about 20 min): the model at 12.5 GB on a te
 	rm -rf reports/e2e-logs/sizes
 	GLMDEPLOY_E2E_PART=sizes REPORTS=reports/hosts $(E2E_PYTEST) -s tests/e2e/test_sizes.py $(PYTEST_ARGS)
 
-drills: tools ## Fault drills: the fleet tests and drills on 3 test hosts, then this machine's drills (~70 min on 2 cores); output in bench/drills/last-run.txt
+drills: tools ## Fault drills: the fleet tests and drills on 3 test hosts, this machine's drills, then make sizes (~80 min on 2 cores); output in bench/drills/last-run.txt
 	rm -rf reports/e2e-logs/drills
 	@mkdir -p bench/drills
 	set -o pipefail; export GLMDEPLOY_E2E_PART=drills; \
