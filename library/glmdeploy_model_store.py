@@ -216,7 +216,8 @@ def stamp(root: Path, expected: dict[str, str]) -> None:
     files = {name: [(root / name).stat().st_size, (root / name).stat().st_mtime_ns] for name in expected}
     tmp = root / f"{STAMP}.tmp"
     tmp.write_text(json.dumps({"files": files}, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.rename(root / STAMP)
+    tmp.chmod(0o444)
+    tmp.replace(root / STAMP)
 
 
 def prepare_incoming(dest: Path, incoming: Path, problems: list[str]) -> None:

@@ -59,8 +59,16 @@ OLD_DRIVER, NEW_DRIVER = "535.261.03-1", "535.309.01-0+deb12u1"  # Debian 12 boo
 def ansible(name: str, playbook: str | list[str], *extra: str) -> subprocess.CompletedProcess[str]:
     """ansible-playbook tests/scenarios/<name>/<playbook>.yml against the scenario's host alone."""
     playbooks = [playbook] if isinstance(playbook, str) else playbook
+    # The model role fetches the staged model from the control node's artifact server (its rsync
+    # daemon), which make deploy runs for the length of a run: the scenario runs under it too.
+    served = (
+        [str(ROOT / ".venv/tools/bin/python"), "-m", "glmdeploy_control.artifact_server", "--root",
+         str(ROOT / "artifacts"), "--inventory", str(hostctl.STATE / f"inventory-{name}.ini"), "--"]
+        if name == "model" else []
+    )  # fmt: skip
     return subprocess.run(
         [
+            *served,
             str(ROOT / ".venv/tools/bin/ansible-playbook"),
             "-i",
             str(hostctl.STATE / f"inventory-{name}.ini"),
