@@ -356,7 +356,7 @@ drills: tools ## Fault drills: the fleet tests and drills on 3 test hosts, this 
 	@mkdir -p bench/drills
 	set -o pipefail; export GLMDEPLOY_E2E_PART=drills; \
 	  { GLMDEPLOY_FLEET_HOSTS=3 REPORTS=reports/hosts $(E2E_PYTEST) tests/e2e/test_fleet.py $(PYTEST_ARGS) && \
-	  { $(E2E_PYTEST) -m drill $(E2E_NODE_TESTS) tests/e2e/test_image.py tests/e2e/test_container_host.py $(PYTEST_ARGS) || [ $$? = 5 ]; } && \
+	  { $(E2E_PYTEST) -m drill $(E2E_NODE_TESTS) tests/e2e/test_roles.py tests/e2e/test_image.py tests/e2e/test_container_host.py $(PYTEST_ARGS) || [ $$? = 5 ]; } && \
 	  { GLMDEPLOY_E2E_PART=sizes REPORTS=reports/hosts $(E2E_PYTEST) tests/e2e/test_sizes.py $(PYTEST_ARGS) || [ $$? = 5 ]; }; } \
 	  2>&1 | tee bench/drills/last-run.txt
 

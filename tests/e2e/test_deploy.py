@@ -840,6 +840,9 @@ def test_service_memory_and_venv_size_are_reported(deployed):
     assert int(venv) > 500, f"venv measured at {venv} MiB: not the environment"
 
 
+# A drill since make test passed 25 minutes again (about 230 s): the soak's gates are unit-tested
+# (tests/unit/test_soak.py), and make drills soaks this node and a rollout's batch for real.
+@pytest.mark.drill
 def test_soak_of_three_minutes_passes_its_gates_with_report_and_plot(deployed, tmp_path):
     """make soak: a mixed load for 3 minutes; every 30 s window served requests and measured the
     server's memory; no request failed, no memory growth, no latency drift; a plot is drawn.
