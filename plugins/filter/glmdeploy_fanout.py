@@ -1,7 +1,7 @@
 """`glmdeploy_fanout_plan`: which node fetches a store from which holder, in which round.
 
 Why a filter: the plan is a pure function of facts the nodes already published (their store,
-whether they hold it, whether they can share it); it is computed by glmdeploy_control.fanout,
+whether they hold it, want it and can share it); it is computed by glmdeploy_control.fanout,
 where it is unit-tested, and needs no connection.
 """
 
@@ -18,18 +18,17 @@ except ImportError:  # an ansible-playbook outside the kit's tool environment: u
     from glmdeploy_control import fanout
 
 
-def fanout_plan(nodes: list[dict[str, Any]], store_key: str, complete_key: str, share_key: str) -> dict[str, Any]:
-    """nodes: hostvars of the batch; the keys name the facts that carry each node's store, whether
-    it holds it, and whether it can share it."""
+def fanout_plan(nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """nodes: each node's `glmdeploy_fanout_node` fact (roles/glmdeploy/tasks/fanout.yml)."""
     return fanout.plan(
         fanout.Node(
-            name=str(n["inventory_hostname"]),
-            store=str(n[store_key]),
-            complete=bool(n[complete_key]),
-            can_share=bool(n[share_key]),
+            name=str(n["name"]),
+            store=str(n["store"]),
+            complete=bool(n["complete"]),
+            can_share=bool(n["can_share"]),
+            wanted=bool(n["wanted"]),
         )
         for n in nodes
-        if store_key in n
     )
 
 

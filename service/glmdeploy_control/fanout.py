@@ -27,12 +27,14 @@ CONTROL = "control"
 
 @dataclass(frozen=True)
 class Node:
-    """What the plan needs of a node: its store, whether it holds it, whether it can share it."""
+    """What the plan needs of a node: its store, whether it holds it, whether it can share it, and
+    whether it wants it (a node that already runs what a pack holds only serves, if it holds it)."""
 
     name: str
     store: str
     complete: bool
     can_share: bool
+    wanted: bool = True
 
 
 def plan(nodes: Iterable[Node], per_holder: int = 1) -> dict[str, Any]:
@@ -51,7 +53,7 @@ def plan(nodes: Iterable[Node], per_holder: int = 1) -> dict[str, Any]:
     rounds = 0
     for members in by_store.values():
         holders = [n.name for n in members if n.complete and n.can_share] + [CONTROL]
-        waiting = [n for n in members if not n.complete]
+        waiting = [n for n in members if not n.complete and n.wanted]
         r = 0
         while waiting:
             batch, waiting = waiting[: len(holders) * per_holder], waiting[len(holders) * per_holder :]

@@ -77,8 +77,8 @@ class Balancer:
 
 
 @dataclass(frozen=True)
-class ModelShare:
-    """A node's share of the model stores it holds, for the length of a deploy's fan-out (roles/model)."""
+class Share:
+    """A node's share of the artifact stores it holds, for the length of a run's fan-out (roles/glmdeploy)."""
 
     port: int
 
@@ -96,7 +96,7 @@ class Kit:
     services: dict[str, Service]
     image: Image
     balancer: Balancer
-    model_share: ModelShare
+    share: Share
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ LINK_BPS = 200e6
 STORE_MB = 384
 OUT = ROOT / "bench" / "sizes"
 MOVED = re.compile(
-    r"model store (\S+) on (testhost\d+): (\d+) bytes\s+received from (\S+), (\d+) bytes hashed,\s+([\d.]+) s"
+    r"(?:models|packs) store (\S+) on (testhost\d+): (\d+) bytes\s+received from (\S+), (\d+) bytes hashed,\s+([\d.]+) s"
 )
 FIGURES: dict[str, object] = {"machine": f"{os.cpu_count()} cores, {os.uname().release}", "link": LINK}
 
@@ -138,7 +138,7 @@ def test_a_store_fans_out_to_eight_hosts_in_four_rounds_and_beats_a_single_sourc
     args = (f"-e model_name=sizes-fanout -e model_source_dir={src}",)
     cap_links(names)
     runs = {}
-    for mode, extra in (("fan-out", ()), ("single source", ("-e model_share=false",))):
+    for mode, extra in (("fan-out", ()), ("single source", ("-e glmdeploy_share=false",))):
         for name in names:
             on_host(name, f"rm -rf /opt/glmdeploy/models/{store} /opt/glmdeploy/models/.{store}.incoming")
         proc = stage(inventory, *args, *extra)
@@ -171,7 +171,7 @@ def test_a_transfer_cut_halfway_resumes_and_leaves_no_half_file(hosts):
     names, inventory = hosts["names"], hosts["inventory"]
     src, store = staged_store("sizes-cut", 256)
     host = names[-1]
-    args = f"-l {host} -e model_name=sizes-cut -e model_source_dir={src} -e model_transfer_bwlimit=20000"
+    args = f"-l {host} -e model_name=sizes-cut -e model_source_dir={src} -e glmdeploy_transfer_bwlimit=20000"
     on_host(host, f"rm -rf /opt/glmdeploy/models/{store} /opt/glmdeploy/models/.{store}.incoming")
     incoming = f"/opt/glmdeploy/models/.{store}.incoming"
     run = subprocess.Popen(

@@ -71,3 +71,9 @@ def test_estimate_cli_prints_both_links(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[1].split()[:5] == ["1G", "1:40", "83:20", "6", "10:00"]
     assert out[2].split()[:5] == ["10G", "0:10", "8:20", "6", "1:00"]
+
+
+def test_a_holder_that_does_not_want_the_store_still_serves_and_is_not_sent_it():
+    got = fanout.plan([Node("old", "pack", True, True, wanted=False), Node("new", "pack", False, True)])
+    assert got["hosts"] == {"new": {"round": 0, "from": "old"}}
+    assert fanout.plan([Node("skip", "pack", False, True, wanted=False)])["rounds"] == 0

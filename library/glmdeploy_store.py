@@ -1,5 +1,6 @@
 #!/usr/bin/python
-"""A model store on a node: named by its manifest, filled by rsync from any holder, checked once.
+"""An artifact store on a node (a model, an environment pack): named by its manifest, filled by rsync
+from any holder, checked once.
 
 Why a module and not ``copy`` + ``sha256sum``: at real size (12.5 GB of weights) the copy module
 hashed every source file on the control node once per node, and every re-run read every placed
@@ -37,8 +38,8 @@ from pathlib import Path
 from ansible.module_utils.basic import AnsibleModule
 
 DOCUMENTATION = r"""
-module: glmdeploy_model_store
-short_description: Check a content-named model store, or fill it by rsync from the first source that answers
+module: glmdeploy_store
+short_description: Check a content-named artifact store, or fill it by rsync from the first source that answers
 options:
   dest: {description: the store directory, type: path, required: true}
   manifest: {description: the control node's SHA256SUMS text (what the store must hold), type: str, required: true}
@@ -173,7 +174,7 @@ def rsync(
     else:
         base, _, store = source.rstrip("/").rpartition("/")
     argv += ["--no-relative", base or "/", str(incoming) + "/"]
-    listing = "".join(f"{store}/{name}\n" for name in [*names, MANIFEST])
+    listing = "".join(f"{store}/{name}\n" for name in names)  # the manifest is the caller's, not the source's
     proc = subprocess.run(argv, input=listing, capture_output=True, text=True, check=False)
     # The file data crossed as the client's "received" from a daemon, as its "sent" in a local copy
     # (the client then runs the sending side).
@@ -254,7 +255,7 @@ def fill(module: AnsibleModule, dest: Path, expected: dict[str, str], result: di
             problems = [p for p in problems if not p.endswith(f"not in {MANIFEST}")]
             if not problems:
                 result["source"] = source
-                (incoming / MANIFEST).unlink(missing_ok=True)
+                (incoming / MANIFEST).unlink(missing_ok=True)  # an earlier kit fetched the source's copy
                 (incoming / MANIFEST).write_text(module.params["manifest"], encoding="utf-8")
                 (incoming / MANIFEST).chmod(0o444)
                 stamp(incoming, expected)

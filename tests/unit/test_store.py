@@ -1,4 +1,4 @@
-"""library/glmdeploy_model_store.py: a model store is filled once, resumed when cut, and a re-run reads nothing.
+"""library/glmdeploy_store.py: a model store is filled once, resumed when cut, and a re-run reads nothing.
 
 The module runs as Ansible runs it (the tool environment's Python, its arguments in a file), with
 the real rsync: from a local directory (this machine's node) and from an rsync daemon on loopback
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULE = ROOT / "library" / "glmdeploy_model_store.py"
+MODULE = ROOT / "library" / "glmdeploy_store.py"
 TOOLS_PY = ROOT / ".venv" / "tools" / "bin" / "python"
 STAMP = ".glmdeploy-store.json"
 
