@@ -41,7 +41,8 @@ LINK_BPS = 200e6
 STORE_MB = 384
 OUT = ROOT / "bench" / "sizes"
 MOVED = re.compile(
-    r"(?:models|packs) store (\S+) on (testhost\d+): (\d+) bytes\s+received from (\S+), (\d+) bytes hashed,\s+([\d.]+) s"
+    r"(?:models|packs) store (\S+) on (testhost\d+): (\d+) bytes\s+received from (\S+),"
+    r" (\d+) bytes hashed,\s+([\d.]+) s"
 )
 FIGURES: dict[str, object] = {"machine": f"{os.cpu_count()} cores, {os.uname().release}", "link": LINK}
 
