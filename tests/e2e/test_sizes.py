@@ -93,6 +93,16 @@ def hosts():
     # through the apt proxy; the tests cap the links after it.
     base = make("stage", f"INVENTORY={inventory}", timeout=1800)
     assert base.returncode == 0, base.stdout[-3000:]
+    FIGURES["first stage, 8 fresh hosts, links not capped (environment pack and fixture model)"] = {
+        "seconds": round(base.elapsed, 1),
+        "sources": {
+            f"{kind} {host}": src
+            for kind, host, src in re.findall(
+                r"(models|packs) store \S+ on (testhost\d+): \d+ bytes received from (\S+),",
+                re.sub(r"\s+", " ", base.stdout),
+            )
+        },
+    }
     try:
         yield {"names": names, "inventory": inventory}
     finally:
