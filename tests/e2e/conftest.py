@@ -170,6 +170,14 @@ def one_engine_left(before: list[dict], after: list[dict]) -> None:
 
 
 #: A PLAY RECAP row of a host that failed or could not be reached.
+def recap(output: str) -> dict[str, dict[str, int]]:
+    """Each test host's PLAY RECAP row of an ansible-playbook output: {host: {"ok": .., "changed": ..}}."""
+    rows = {}
+    for host, fields in re.findall(r"^(testhost\d+)\s*:\s*(ok=.*)$", output, re.M):
+        rows[host] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", fields)}
+    return rows
+
+
 RECAP_FAILED = re.compile(r"^\S+\s*:\s*ok=\d+.*\b(?:failed|unreachable)=[1-9]")
 #: The keys of a failed task's result that say why, and how many of their lines are shown.
 WHY_KEYS, WHY_LINES = ("msg:", "stderr:"), 20

@@ -51,6 +51,7 @@ from conftest import (
     deploy_failure_summary,
     make,
     one_engine_left,
+    recap,
 )
 
 sys.path.insert(0, str(ROOT / "tests" / "hosts"))
@@ -91,13 +92,6 @@ GPU_VARS = (
 
 def on_host(host: str, command: str) -> subprocess.CompletedProcess[str]:
     return hostctl.ssh(host, KEY, command)
-
-
-def recap(output: str) -> dict[str, dict[str, int]]:
-    rows = {}
-    for host, fields in re.findall(r"^(testhost\d+)\s*:\s*(ok=.*)$", output, re.M):
-        rows[host] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", fields)}
-    return rows
 
 
 class MemoryPeak(threading.Thread):

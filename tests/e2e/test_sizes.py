@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, make
+from conftest import ROOT, make, recap
 
 sys.path.insert(0, str(ROOT / "tests" / "hosts"))
 import hostctl
@@ -49,13 +49,6 @@ FIGURES: dict[str, object] = {"machine": f"{os.cpu_count()} cores, {os.uname().r
 
 def on_host(host: str, command: str) -> subprocess.CompletedProcess[str]:
     return hostctl.ssh(host, KEY, command)
-
-
-def recap(output: str) -> dict[str, dict[str, int]]:
-    rows = {}
-    for host, fields in re.findall(r"^(testhost\d+)\s*:\s*(ok=.*)$", output, re.M):
-        rows[host] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", fields)}
-    return rows
 
 
 def stage(inventory: Path, *extra: str, timeout: int = 3600) -> subprocess.CompletedProcess[str]:
