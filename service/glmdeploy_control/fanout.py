@@ -37,14 +37,12 @@ class Node:
     wanted: bool = True
 
 
-def plan(nodes: Iterable[Node], per_holder: int = 1) -> dict[str, Any]:
+def plan(nodes: Iterable[Node]) -> dict[str, Any]:
     """{"rounds": R, "hosts": {receiver: {"round": r, "from": holder}}, "serves": {holder: [receivers]}}.
 
     Receivers are served in the order given (the inventory's), per store. Nodes that cannot share
     (this machine's own node, a node without systemd) receive but never send.
     """
-    if per_holder < 1:
-        raise ValueError(f"per_holder must be 1 or more, not {per_holder}")
     by_store: dict[str, list[Node]] = {}
     for node in nodes:
         by_store.setdefault(node.store, []).append(node)
@@ -56,9 +54,8 @@ def plan(nodes: Iterable[Node], per_holder: int = 1) -> dict[str, Any]:
         waiting = [n for n in members if not n.complete and n.wanted]
         r = 0
         while waiting:
-            batch, waiting = waiting[: len(holders) * per_holder], waiting[len(holders) * per_holder :]
-            for i, node in enumerate(batch):
-                holder = holders[i // per_holder]
+            batch, waiting = waiting[: len(holders)], waiting[len(holders) :]
+            for holder, node in zip(holders, batch, strict=False):
                 hosts[node.name] = {"round": r, "from": holder}
                 serves.setdefault(holder, []).append(node.name)
             holders = [n.name for n in batch if n.can_share] + holders
@@ -67,33 +64,26 @@ def plan(nodes: Iterable[Node], per_holder: int = 1) -> dict[str, Any]:
     return {"rounds": rounds, "hosts": hosts, "serves": serves}
 
 
-def rounds_for(nodes: int, per_holder: int = 1, holders: int = 1) -> int:
-    """Rounds to reach `nodes` receivers from `holders` sources when every receiver can share."""
-    count, r = holders, 0
-    served = 0
-    while served < nodes:
-        new = min(nodes - served, count * per_holder)
-        served += new
-        count += new
-        r += 1
-    return r
+def rounds_for(nodes: int) -> int:
+    """Rounds to reach `nodes` receivers from the control node when every receiver can share."""
+    return math.ceil(math.log2(nodes + 1)) if nodes > 0 else 0
 
 
-def estimate(nodes: int, size: float, link: float, per_holder: int = 1, hash_rate: float = 0.0) -> dict[str, float]:
+def estimate(nodes: int, size: float, link: float, hash_rate: float = 0.0) -> dict[str, float]:
     """Seconds to place `size` bytes on `nodes` nodes over links of `link` bit/s, both ways.
 
     Assumes: every machine has one link of that speed (a switch that carries all of them at
     once: a non-blocking switch), a transfer runs at the link's speed (rsync over TCP on an idle
-    LAN), a holder serving k nodes at once splits its link k ways, and a receiver becomes a
-    holder after its arrival check, which reads the store once at `hash_rate` bytes/s (0: free).
+    LAN), a holder sends to one node at a time, and a receiver becomes a holder after its arrival
+    check, which reads the store once at `hash_rate` bytes/s (0: free).
     """
     one = size * 8 / link
     check = size / hash_rate if hash_rate > 0 else 0.0
-    rounds = rounds_for(nodes, per_holder)
+    rounds = rounds_for(nodes)
     return {
         "single_source_s": nodes * one + check,
         "fan_out_rounds": rounds,
-        "fan_out_s": rounds * (one * per_holder + check),
+        "fan_out_s": rounds * (one + check),
         "one_transfer_s": one,
         "check_s": check,
     }

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import shutil
 import struct
@@ -83,7 +84,7 @@ def _tensor(rng: Any, shape: tuple[int, ...], std: float) -> bytes:
 
     if std == 0.0:  # layer norms (ones) and the rotary frequencies: not random in a checkpoint
         return np.ones(shape, dtype="<f2").tobytes()
-    bits = rng.integers(0, 1 << 16, _numel(shape), dtype=np.uint16)
+    bits = rng.integers(0, 1 << 16, math.prod(shape), dtype=np.uint16)
     # sign and mantissa random, exponent 8 or 9 of 0..30: |x| in [2**-7, 2**-5)
     return bytes(((bits & np.uint16(0x87FF)) | np.uint16(0x2000)).tobytes())
 
@@ -146,7 +147,7 @@ def generate(dest: Path) -> None:
             name = pattern.format(k=k, n=len(shards))
             size = write_shard(work / name, name.removesuffix(".bin"), {n: params[n] for n in part}, rng)
             weight_map.update(dict.fromkeys(part, name))
-            total += sum(2 * _numel(params[n][0]) for n in part)
+            total += sum(2 * math.prod(params[n][0]) for n in part)
             print(f"==> {name}: {size / 1e9:.2f} GB ({time.monotonic() - started:.0f} s)", flush=True)
         _dump(work / index_name, {"metadata": {"total_size": total}, "weight_map": weight_map})
         print("==> SHA256SUMS (one read of every file)", flush=True)
@@ -156,13 +157,6 @@ def generate(dest: Path) -> None:
             f.chmod(0o444)
         work.rename(dest)
         work.mkdir()  # TemporaryDirectory's cleanup expects it
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def ensure(cache: Path) -> Path:
