@@ -214,7 +214,8 @@ def install(incoming: Path, dest: Path) -> None:
 
 
 def stamp(root: Path, expected: dict[str, str]) -> None:
-    files = {name: [(root / name).stat().st_size, (root / name).stat().st_mtime_ns] for name in expected}
+    stats = {name: (root / name).stat() for name in expected}
+    files = {name: [st.st_size, st.st_mtime_ns] for name, st in stats.items()}
     tmp = root / f"{STAMP}.tmp"
     tmp.write_text(json.dumps({"files": files}, sort_keys=True) + "\n", encoding="utf-8")
     tmp.chmod(0o444)
@@ -291,7 +292,7 @@ def main() -> None:
     if any("/" in name for name in expected):
         module.fail_json(
             msg=f"the manifest names files below a subdirectory ({', '.join(n for n in expected if '/' in n)}): "
-            "a model store is one flat directory, as the published revision is. fix: stage a flat copy"
+            "a store is one flat directory (as the published model revision is). fix: stage a flat copy"
         )
     result: dict = {"changed": False, "problems": [], "source": "", "tried": [], "bytes_hashed": 0, "bytes_received": 0}
 
@@ -317,7 +318,7 @@ def main() -> None:
     if module.params["state"] == "checked" or module.check_mode:
         done(complete=False, changed=module.check_mode and module.params["state"] == "present")
     if not absent and not module.params["repair"]:
-        module.fail_json(msg=f"model store {dest} differs from its manifest: {'; '.join(result['problems'])}", **result)
+        module.fail_json(msg=f"store {dest} differs from its manifest: {'; '.join(result['problems'])}", **result)
     result["changed"] = True
     fill(module, dest, expected, result)
     done(complete=True)
