@@ -105,12 +105,17 @@ def needs_server(name: str, hostvars: dict[str, Any]) -> bool:
     return not str(hostvars.get("glmdeploy_artifact_url", "")).strip()
 
 
-def source_address(name: str, address: str) -> str:
-    """This machine's address on the route to the node: where the node can reach us."""
+def node_ip(name: str, address: str) -> str:
+    """The node's IP address (its ansible_host resolved here)."""
     try:
-        ip = ipaddress.ip_address(socket.getaddrinfo(address, None)[0][4][0])
+        return str(ipaddress.ip_address(socket.getaddrinfo(address, None)[0][4][0]))
     except (socket.gaierror, ValueError) as err:
         raise ArtifactError(f"node {name}: cannot resolve its address {address!r} ({err}); fix: ansible_host") from err
+
+
+def source_address(name: str, address: str) -> str:
+    """This machine's address on the route to the node: where the node can reach us."""
+    ip = node_ip(name, address)
     out = subprocess.run(["ip", "route", "get", str(ip)], capture_output=True, text=True, check=False)
     match = re.search(r"\bsrc (\S+)", out.stdout)
     if out.returncode != 0 or not match:
@@ -201,26 +206,14 @@ def _listening(address: str, port: int, proc: subprocess.Popen[bytes], seconds: 
     return False
 
 
-def _node_ip(hostvars: dict[str, Any], name: str) -> str | None:
-    try:
-        return str(socket.getaddrinfo(str(hostvars.get("ansible_host", name)), None)[0][4][0])
-    except (socket.gaierror, IndexError):
-        return None
-
-
 def reports_dir() -> Path:
     """The run's reports directory: `make REPORTS=...` exports it (one per run going on at the same time)."""
     return Path(os.environ.get("GLMDEPLOY_REPORTS", "reports"))
 
 
-def _rsync_url(address: str, port: int) -> str:
+def _url(address: str, port: int, scheme: str = "http") -> str:
     host = f"[{address}]" if ":" in address else address
-    return f"rsync://{host}:{port}/artifacts"
-
-
-def _url(address: str, port: int) -> str:
-    host = f"[{address}]" if ":" in address else address
-    return f"http://{host}:{port}"
+    return f"{scheme}://{host}:{port}"
 
 
 def run(root: Path, inventory: str, port: int, command: list[str]) -> int:
@@ -238,7 +231,8 @@ def run(root: Path, inventory: str, port: int, command: list[str]) -> int:
         env[URLS_VAR] = json.dumps(urls, sort_keys=True)
         where = ", ".join(sorted({_url(a, port) for a in sources.values()}))
         log(f"serving {root}/wheelhouse and {root}/releases to {len(urls)} node(s) at {where} for this run")
-        clients = sorted({ip for name in sources if (ip := _node_ip(nodes[name], name))})
+        # Each served node resolved already (by source_address): its IP is the daemon's allow list.
+        clients = sorted({node_ip(name, str(nodes[name].get("ansible_host", name))) for name in sources})
         if sources:
             daemons, rport = serve_models(
                 root,
@@ -247,8 +241,10 @@ def run(root: Path, inventory: str, port: int, command: list[str]) -> int:
                 Path(workdir.name),
                 reports_dir() / "artifact-rsync.log",
             )
-            env[RSYNC_VAR] = json.dumps({n: _rsync_url(a, rport) for n, a in sources.items()}, sort_keys=True)
-            log(f"serving the staged models under {root} over rsync on port {rport} to {', '.join(clients)}")
+            rsync_urls = {n: _url(a, rport, "rsync") + "/artifacts" for n, a in sources.items()}
+            env[RSYNC_VAR] = json.dumps(rsync_urls, sort_keys=True)
+            what = f"the staged models and environment packs under {root}"
+            log(f"serving {what} over rsync on port {rport} to {', '.join(clients)}")
     try:
         return run_child(command, env=env)
     finally:
