@@ -76,11 +76,11 @@ class StandIn(BaseHTTPRequestHandler):
             self.chunk(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
             if not last:
                 time.sleep(ITL_S)
-        self.chunk(b"data: [DONE]\n\n")
-        self.chunk(b"")
-        if StandIn.log:
+        if StandIn.log:  # before [DONE]: once the client has the whole stream the test may kill us
             with open(StandIn.log, "a") as out:
                 out.write(json.dumps({"prompt": request["prompt"], "sent": sent}) + "\n")
+        self.chunk(b"data: [DONE]\n\n")
+        self.chunk(b"")
 
 
 class Server(ThreadingHTTPServer):
