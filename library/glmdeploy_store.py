@@ -1,6 +1,6 @@
 #!/usr/bin/python
-"""An artifact store on a node (a model, an environment pack): named by its manifest, filled by rsync
-from any holder, checked once.
+"""An artifact store on a node (a model, an environment pack, an image's archive): named by its
+manifest, filled by rsync from any holder, checked once.
 
 Why a module and not ``copy`` + ``sha256sum``: at real size (12.5 GB of weights) the copy module
 hashed every source file on the control node once per node, and every re-run read every placed
