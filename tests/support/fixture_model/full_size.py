@@ -159,10 +159,37 @@ def generate(dest: Path) -> None:
         work.mkdir()  # TemporaryDirectory's cleanup expects it
 
 
+def cached_dir(cache: Path) -> Path:
+    return cache / f"{NAME}-{cache_key()}"
+
+
+def make_room(cache: Path, keep: Path) -> None:
+    """Remove the caches of earlier generators, then check that the new one fits.
+
+    Why: the key changes with this file, and each stale copy held 12.5 GB for good; a disk that
+    fills halfway through a shard fails with a bare ENOSPC in zipfile.
+    """
+    cache.mkdir(parents=True, exist_ok=True)
+    for stale in cache.glob(f"{NAME}-*"):
+        if stale != keep and stale.is_dir():
+            print(f"==> removing {stale} (written by an earlier version of this generator)", flush=True)
+            shutil.rmtree(stale)
+    config = {**CONFIG, **FULL_SIZE}
+    need = int(sum(2 * math.prod(shape) for shape, _ in parameters(config).values()) * 1.02)
+    free = shutil.disk_usage(cache).free
+    if free < need:
+        raise SystemExit(
+            f"{cache} has {free / 1e9:.1f} GB free and the full-size model needs {need / 1e9:.1f} GB; "
+            "fix: free space there (a staged copy elsewhere keeps its blocks while its links exist) "
+            "or point GLMDEPLOY_FIXTURE_CACHE at a disk with room"
+        )
+
+
 def ensure(cache: Path) -> Path:
     """The cached directory, generated when absent, checked against its manifest either way."""
-    dest = cache / f"{NAME}-{cache_key()}"
+    dest = cached_dir(cache)
     if not dest.is_dir():
+        make_room(cache, keep=dest)
         print(f"==> writing the full-size model into {dest} (about 12.5 GB, a few minutes)", flush=True)
         generate(dest)
     started = time.monotonic()
@@ -191,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"cache directory (default {DEFAULT_CACHE})")
     parser.add_argument("--stage", type=Path, help="also link it here (a staged model directory under artifacts/)")
     args = parser.parse_args(argv)
+    if args.stage and not cached_dir(args.cache).is_dir():
+        # Links of a stale cache: their blocks would stay taken while the new one is written.
+        shutil.rmtree(args.stage, ignore_errors=True)
     source = ensure(args.cache)
     if args.stage:
         stage(source, args.stage)
