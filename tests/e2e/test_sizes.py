@@ -187,7 +187,10 @@ def test_a_transfer_cut_halfway_resumes_and_leaves_no_half_file(hosts):
         out = on_host(host, f"du -sb {incoming} 2>/dev/null | cut -f1").stdout.strip()
         arrived = int(out or 0)
         time.sleep(0.5)
-    assert arrived >= 100 << 20, f"the transfer never got going: {arrived} bytes"
+    if arrived < 100 << 20:
+        os.killpg(run.pid, signal.SIGKILL)
+        said = run.communicate()[0]
+        pytest.fail(f"the transfer never got going ({arrived} bytes arrived); the stage run said:\n{said[-3000:]}")
     # The cut: the node loses the run at once (its module and rsync killed), and so does the control node.
     on_host(host, "for p in $(pgrep -x rsync); do kill -9 $(ps -o ppid= -p $p) $p; done")
     os.killpg(run.pid, signal.SIGKILL)
