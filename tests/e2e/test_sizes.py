@@ -75,9 +75,26 @@ def cap_links(names: list[str]) -> None:
     subprocess.run(["tc", "qdisc", "replace", "dev", hostctl.BRIDGE, *tbf], check=True)
 
 
+#: Disk the drill takes on this machine (measured here, GB): a test host with the cpu environment
+#: and the drill's stores, and the full-size model's copy on one of them. `make fixture-full`
+#: checks room for its own cache.
+HOST_GB, FULL_SIZE_GB = 3.2, 12.5
+
+
+def check_room() -> None:
+    """Fail first, naming the shortfall: a disk that fills mid-drill fails a transfer with
+    rsync's bare 'error in file IO', or a stage before it starts."""
+    make("hosts-down")
+    need = HOSTS * HOST_GB + FULL_SIZE_GB + 1.0
+    where = next(p for p in (hostctl.STATE, *hostctl.STATE.parents) if p.exists())
+    free = shutil.disk_usage(where).free / 1e9
+    if free < need:
+        pytest.fail(f"the sizes drill needs about {need:.0f} GB free under {where}; {free:.1f} GB are. fix: free space")
+
+
 @pytest.fixture(scope="module")
 def hosts():
-    make("hosts-down")
+    check_room()
     created = make("hosts", f"N={HOSTS}")
     assert created.returncode == 0, created.stdout[-2000:]
     names = hostctl.host_names(HOSTS)
