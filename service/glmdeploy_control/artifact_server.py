@@ -9,15 +9,15 @@ the API key included. This one:
   ``glmdeploy_artifact_url`` of its own (a lab mirror);
 - binds only the control node's address that each such node is routed to (``ip route get``),
   never every interface;
-- serves ``wheelhouse/``, ``releases/`` and ``images/`` read-only (what nodes fetch), nothing else:
-  ``secrets/`` and the model files (copied over the Ansible connection) answer 404;
+- serves ``wheelhouse/`` over HTTP read-only (pip's find-links, all a node fetches over HTTP),
+  nothing else: ``secrets/`` and every other tree answer 404;
 - tells the playbook each node's URL in ``GLMDEPLOY_ARTIFACT_URLS`` (a JSON map, read by the
   ``glmdeploy`` role's defaults); preflight checks every node reaches it before anything changes;
-- serves the staged models through an rsync daemon (Debian's rsync) on the same addresses, to
-  those nodes' addresses only, read-only, ``secrets/`` and dot-files excluded (a staged model may
-  lie anywhere under artifacts/): model stores resume a cut transfer, which plain HTTP from this
-  server could not (``GLMDEPLOY_ARTIFACT_RSYNC``, read by the ``model`` role; the control
-  node is every node's last source of a model, after the nodes that hold it);
+- serves artifacts/ through an rsync daemon (Debian's rsync) on the same addresses, to those
+  nodes' addresses only, read-only, ``secrets/`` and dot-files excluded: the artifact stores
+  (staged models, environment packs, image archives) resume a cut transfer, which plain HTTP
+  from this server could not (``GLMDEPLOY_ARTIFACT_RSYNC``, read by the ``glmdeploy`` role's
+  fan-out; the control node is every node's last source, after the nodes that hold a store);
 - stops when the command ends, however it ends.
 
 Usage: ``python -m glmdeploy_control.artifact_server --root artifacts --inventory INV -- COMMAND [ARG...]``
@@ -45,8 +45,8 @@ from glmdeploy_control.wrapped import command_of, run_child, wrapper_parser
 
 URLS_VAR = "GLMDEPLOY_ARTIFACT_URLS"
 RSYNC_VAR = "GLMDEPLOY_ARTIFACT_RSYNC"
-#: The only trees a node fetches over HTTP.
-SERVED = ("wheelhouse", "releases", "images")
+#: The only tree a node fetches over HTTP (artifact stores come by rsync: serve_rsync).
+SERVED = ("wheelhouse",)
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
 NODES_GROUP = "glmdeploy_nodes"
 
@@ -113,9 +113,8 @@ def node_ip(name: str, address: str) -> str:
         raise ArtifactError(f"node {name}: cannot resolve its address {address!r} ({err}); fix: ansible_host") from err
 
 
-def source_address(name: str, address: str) -> str:
-    """This machine's address on the route to the node: where the node can reach us."""
-    ip = node_ip(name, address)
+def source_address(name: str, ip: str) -> str:
+    """This machine's address on the route to the node at `ip`: where the node can reach us."""
     out = subprocess.run(["ip", "route", "get", str(ip)], capture_output=True, text=True, check=False)
     match = re.search(r"\bsrc (\S+)", out.stdout)
     if out.returncode != 0 or not match:
@@ -126,21 +125,22 @@ def source_address(name: str, address: str) -> str:
     return match.group(1)
 
 
-def _sources(nodes: dict[str, dict[str, Any]]) -> dict[str, str]:
-    """Each node's route source address; a node whose address this machine cannot resolve here
-    (a templated ansible_host, an ssh_config alias) is left out and named: preflight then stops
-    it, since it has no artifact URL, before anything changes."""
-    sources = {}
+def _sources(nodes: dict[str, dict[str, Any]]) -> tuple[dict[str, str], dict[str, str]]:
+    """Each node's route source address and its IP (rsync's allow list); a node whose address
+    this machine cannot resolve here (a templated ansible_host, an ssh_config alias) is left out
+    and named: preflight then stops it, since it has no artifact URL, before anything changes."""
+    sources, ips = {}, {}
     for name, hostvars in nodes.items():
         address = str(hostvars.get("ansible_host", name))
         if "{{" in address:
             print(f"==> node {name}: its ansible_host is a template ({address}); not served", flush=True)
             continue
         try:
-            sources[name] = source_address(name, address)
+            ip = node_ip(name, address)
+            sources[name], ips[name] = source_address(name, ip), ip
         except ArtifactError as err:
             print(f"==> {err}; not served", flush=True)
-    return sources
+    return sources, ips
 
 
 def serve(root: Path, addresses: list[str], port: int, log_path: Path) -> tuple[list[ThreadingHTTPServer], int]:
@@ -166,13 +166,13 @@ def serve(root: Path, addresses: list[str], port: int, log_path: Path) -> tuple[
     return servers, port
 
 
-def serve_models(
+def serve_rsync(
     root: Path, addresses: list[str], clients: list[str], workdir: Path, log_path: Path
 ) -> tuple[list[subprocess.Popen[bytes]], int]:
     """One rsync daemon per address, all on one free port: module ``artifacts`` read-only to clients."""
     if shutil.which("rsync") is None:
         raise ArtifactError(
-            "rsync is not installed on this control node; fix: apt install rsync (nodes fetch models with it)"
+            "rsync is not installed on this control node; fix: apt install rsync (nodes fetch artifact stores with it)"
         )
     conf = workdir / "rsyncd.conf"
     conf.write_text(
@@ -191,7 +191,7 @@ def serve_models(
         if not _listening(address, port, procs[-1]):
             for proc in procs:
                 proc.terminate()
-            raise ArtifactError(f"rsync could not serve models on {address}:{port} (see {log_path}); fix: that port")
+            raise ArtifactError(f"rsync could not serve artifacts on {address}:{port} (see {log_path}); fix: that port")
     return procs, port
 
 
@@ -225,16 +225,15 @@ def run(root: Path, inventory: str, port: int, command: list[str]) -> int:
     if nodes:
         if not root.is_dir():
             raise ArtifactError(f"{root} does not exist: nothing to serve; fix: run from the kit's checkout")
-        sources = _sources(nodes)
+        sources, ips = _sources(nodes)
         servers, port = serve(root, sorted(set(sources.values())), port, reports_dir() / "artifact-server.log")
         urls = {name: _url(address, port) for name, address in sources.items()}
         env[URLS_VAR] = json.dumps(urls, sort_keys=True)
         where = ", ".join(sorted({_url(a, port) for a in sources.values()}))
-        log(f"serving {root}/wheelhouse and {root}/releases to {len(urls)} node(s) at {where} for this run")
-        # Each served node resolved already (by source_address): its IP is the daemon's allow list.
-        clients = sorted({node_ip(name, str(nodes[name].get("ansible_host", name))) for name in sources})
+        log(f"serving {root}/wheelhouse to {len(urls)} node(s) at {where} for this run")
+        clients = sorted(set(ips.values()))
         if sources:
-            daemons, rport = serve_models(
+            daemons, rport = serve_rsync(
                 root,
                 sorted(set(sources.values())),
                 clients,
@@ -243,7 +242,7 @@ def run(root: Path, inventory: str, port: int, command: list[str]) -> int:
             )
             rsync_urls = {n: _url(a, rport, "rsync") + "/artifacts" for n, a in sources.items()}
             env[RSYNC_VAR] = json.dumps(rsync_urls, sort_keys=True)
-            what = f"the staged models and environment packs under {root}"
+            what = f"the artifact stores under {root} (models, environment packs, image archives)"
             log(f"serving {what} over rsync on port {rport} to {', '.join(clients)}")
     try:
         return run_child(command, env=env)

@@ -41,7 +41,7 @@ LINK_BPS = 200e6
 STORE_MB = 384
 OUT = ROOT / "bench" / "sizes"
 MOVED = re.compile(
-    r"(?:models|packs) store (\S+) on (testhost\d+): (\d+) bytes\s+received from (\S+),"
+    r"(models|packs) store (\S+) on (testhost\d+): (\d+) bytes\s+received from (\S+),"
     r" (\d+) bytes hashed,\s+([\d.]+) s"
 )
 FIGURES: dict[str, object] = {"machine": f"{os.cpu_count()} cores, {os.uname().release}", "link": LINK}
@@ -106,11 +106,7 @@ def hosts():
     FIGURES["first stage, 8 fresh hosts, links not capped (environment pack and fixture model)"] = {
         "seconds": round(base.elapsed, 1),
         "sources": {
-            f"{kind} {host}": src
-            for kind, host, src in re.findall(
-                r"(models|packs) store \S+ on (testhost\d+): \d+ bytes received from (\S+),",
-                re.sub(r"\s+", " ", base.stdout),
-            )
+            f"{kind} {host}": src for kind, _, host, _, src, *_ in MOVED.findall(re.sub(r"\s+", " ", base.stdout))
         },
     }
     try:
@@ -147,7 +143,7 @@ def store_ok(host: str, store: str) -> bool:
 def moved(output: str) -> dict[str, dict[str, object]]:
     return {
         host: {"source": src, "received": int(rec), "hashed": int(hashed), "seconds": float(s)}
-        for _, host, rec, src, hashed, s in MOVED.findall(re.sub(r"\s+", " ", output))
+        for _, _, host, rec, src, hashed, s in MOVED.findall(re.sub(r"\s+", " ", output))
     }
 
 

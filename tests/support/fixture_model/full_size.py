@@ -147,7 +147,7 @@ def generate(dest: Path) -> None:
             name = pattern.format(k=k, n=len(shards))
             size = write_shard(work / name, name.removesuffix(".bin"), {n: params[n] for n in part}, rng)
             weight_map.update(dict.fromkeys(part, name))
-            total += sum(2 * math.prod(params[n][0]) for n in part)
+            total += sum(fp16_bytes(params[n][0]) for n in part)
             print(f"==> {name}: {size / 1e9:.2f} GB ({time.monotonic() - started:.0f} s)", flush=True)
         _dump(work / index_name, {"metadata": {"total_size": total}, "weight_map": weight_map})
         print("==> SHA256SUMS (one read of every file)", flush=True)
@@ -157,6 +157,10 @@ def generate(dest: Path) -> None:
             f.chmod(0o444)
         work.rename(dest)
         work.mkdir()  # TemporaryDirectory's cleanup expects it
+
+
+def fp16_bytes(shape: tuple[int, ...]) -> int:
+    return 2 * math.prod(shape)
 
 
 def cached_dir(cache: Path) -> Path:
@@ -175,7 +179,7 @@ def make_room(cache: Path, keep: Path) -> None:
             print(f"==> removing {stale} (written by an earlier version of this generator)", flush=True)
             shutil.rmtree(stale)
     config = {**CONFIG, **FULL_SIZE}
-    need = int(sum(2 * math.prod(shape) for shape, _ in parameters(config).values()) * 1.02)
+    need = int(sum(fp16_bytes(shape) for shape, _ in parameters(config).values()) * 1.02)
     free = shutil.disk_usage(cache).free
     if free < need:
         raise SystemExit(
