@@ -84,6 +84,42 @@ class Share:
 
 
 @dataclass(frozen=True)
+class AptRelease:
+    """A node OS release the kit locks its distribution packages for (constraints/apt/<name>.lock)."""
+
+    #: Ansible's ansible_distribution for it ("Debian", "Ubuntu").
+    distribution: Literal["Debian", "Ubuntu"]
+    #: ansible_distribution_major_version (Debian) or ansible_distribution_version (Ubuntu).
+    version: str
+    codename: str
+    #: The archive's suites resolved together, "{codename}" filled in (release, updates, security).
+    suites: list[str]
+    components: list[str]
+    #: The package whose dependency names the release's current kernel ABI (its headers: the
+    #: driver's DKMS build); every lock covers that kernel's headers and `kernels`.
+    kernel_headers_meta: str
+    #: More kernels whose headers the lock carries (a node's running kernel, named by preflight).
+    kernels: list[str] = field(default_factory=list)
+    #: GPU profiles run on this release: the lock carries the driver and the kernel headers.
+    gpu: bool = True
+    #: The OpenPGP keyring that signs the release's archive on the control node (make lock).
+    keyring: str = "/usr/share/keyrings/debian-archive-keyring.gpg"
+
+
+@dataclass(frozen=True)
+class Apt:
+    """The distribution half of a node, locked like the Python half (docs/reference/apt-lock.md)."""
+
+    #: The lock of a release, relative to constraints/.
+    lock_file: str
+    #: Packages each role installs beyond kit.packages, profile packages and kit.image.host_packages.
+    roles: dict[str, list[str]]
+    #: The driver's packages per distribution ("{branch}": the GPU profile's driver branch).
+    driver: dict[str, list[str]]
+    releases: dict[str, AptRelease]
+
+
+@dataclass(frozen=True)
 class Kit:
     lock_file: str
     wheelhouse: str
@@ -97,6 +133,7 @@ class Kit:
     image: Image
     balancer: Balancer
     share: Share
+    apt: Apt
 
 
 @dataclass(frozen=True)
@@ -172,6 +209,28 @@ class Registry:
 
     def wheelhouse_name(self, name: str, python: str) -> str:
         return self.kit.wheelhouse.format(profile=name, xy=python.replace(".", ""))
+
+    def apt_lock_name(self, release: str) -> str:
+        """constraints/<this> is the release's apt lock; an unknown release is named with the known ones."""
+        if release not in self.kit.apt.releases:
+            raise RegistryError(
+                f"no apt lock for {release!r}: {self.path.name} [kit.apt.releases] has "
+                f"{', '.join(self.kit.apt.releases)}; fix: add the release there, then make lock"
+            )
+        return self.kit.apt.lock_file.format(release=release)
+
+    def apt_packages(self) -> dict[str, list[str]]:
+        """What the kit installs from its apt repository, per installer (a role, or node_base per
+        runtime and profile): the lock resolves their union, make verify checks each node's."""
+        branch = next((p.gpu.driver_branch for p in self.profiles.values() if p.gpu), "")
+        sets = {
+            "node_base/container": list(self.kit.image.host_packages),
+            **{f"node_base/{name}": [*self.kit.packages, *p.packages] for name, p in self.profiles.items()},
+            **{role: list(names) for role, names in self.kit.apt.roles.items()},
+        }
+        for distribution, names in self.kit.apt.driver.items():
+            sets[f"nvidia_driver/{distribution}"] = [n.format(branch=branch) for n in names]
+        return sets
 
     def unit_name(self, service: str) -> str:
         return self.kit.unit.format(service=service)
