@@ -80,6 +80,9 @@ LOCK_WAIT ?= 0
 # ... and the same wait for each node's own lock (the playbooks read it: glmdeploy_node_lock_wait).
 export GLMDEPLOY_LOCK_WAIT := $(LOCK_WAIT)
 RUN_LOCKED = $(TOOLS)/bin/python -m glmdeploy_control.runlock --inventory $(INVENTORY) --wait $(LOCK_WAIT) --
+APT_CACHE ?= /var/cache/glmdeploy/apt
+export GLMDEPLOY_APT_CACHE := $(APT_CACHE)
+APTLOCK = $(TOOLS)/bin/python -m glmdeploy_control.aptlock
 SERVE_ARTIFACTS = $(RUN_LOCKED) $(TOOLS)/bin/python -m glmdeploy_control.artifact_server \
   --root $(ARTIFACTS) --inventory $(INVENTORY) --port $(ARTIFACT_PORT) --
 
@@ -87,7 +90,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: sizes stage fixture-full firewall keys soak output-lock image image-smoke e2e-image test-inputs test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e e2e-node e2e-hosts test clean
+.PHONY: apt-repo control-packages sizes stage fixture-full firewall keys soak output-lock image image-smoke e2e-image test-inputs test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e e2e-node e2e-hosts test clean
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -134,11 +137,27 @@ $(REFENV)/.stamp: $(REFENV_LOCK) $(TOOLS)/.stamp
 	@$(call UV_INSTALL,$(REFENV),$(REFENV_LOCK))
 	@touch $@
 
-lock: tools ## Re-resolve every constraints/*.in into hash-locked files (dated, reproducible)
+lock: tools ## Re-resolve every constraints/*.in into hash-locked files (dated, reproducible), and each node OS release's apt lock (constraints/apt/; APT_MIRROR=<uri> for a release this machine's apt sources lack)
 	$(TOOLS)/bin/python constraints/lock.py lock
+	$(APTLOCK) lock $(if $(APT_MIRROR),--mirror $(APT_MIRROR))
 
-lock-check: tools ## Fail if a committed lock differs from a fresh resolve
+lock-check: tools ## Fail if a committed lock differs from a fresh resolve (apt locks: from the registry; versions the mirror moved past are named)
 	$(TOOLS)/bin/python constraints/lock.py check
+	$(APTLOCK) check $(if $(APT_MIRROR),--mirror $(APT_MIRROR))
+
+# The kit's apt repository of a release's lock (artifacts/apt/), signed by the kit's key; a deploy
+# builds the one each node needs by itself (roles/glmdeploy, tasks_from apt): this builds it ahead.
+apt-repo: tools control-packages ## Build the kit's offline apt repository of RELEASE's lock (default: every release) from APT_CACHE
+	$(APTLOCK) repo $(if $(RELEASE),--release $(RELEASE)) --artifacts $(ARTIFACTS) --cache $(APT_CACHE) $(if $(APT_MIRROR),--mirror $(APT_MIRROR))
+
+# What the control node needs from its distribution to build the kit's apt repository (and to
+# serve stores): apt-ftparchive (apt-utils), gpg, rsync. Installed when run as root; else named.
+CONTROL_PACKAGES := apt-utils gnupg rsync
+control-packages: ## Install what the control node needs to build the kit's apt repository (root; nothing happens when all are there)
+	@if dpkg -s $(CONTROL_PACKAGES) >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" != 0 ]; then echo "ERROR: the control node needs these packages: $(CONTROL_PACKAGES); fix: sudo apt install $(CONTROL_PACKAGES)"; exit 2; \
+	else echo "==> installing what the control node needs: $(CONTROL_PACKAGES)"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(CONTROL_PACKAGES) >/dev/null; fi
 
 wheelhouse: tools ## Download the wheels of PROFILE's lock once, on the control node, and verify them
 	$(TOOLS)/bin/python constraints/lock.py wheelhouse --profile $(PROFILE) --python $(NODE_PY) --dest $(WHEELHOUSE) --cache "$(WHEEL_CACHE)"
@@ -215,20 +234,20 @@ weights: $(REFENV_READY) ## Stage a model revision once: REVISION=<40-hex commit
 
 # The playbook prepares the wheelhouse of every profile and Python the nodes need; the fixture
 # is always made (seconds; cpu nodes serve it), real weights are staged by `make weights`.
-deploy: tools $(REFENV_READY) fixture ## Deploy to INVENTORY (default: this machine) and run the smoke tests; each node's profile is its own
+deploy: tools $(REFENV_READY) fixture control-packages ## Deploy to INVENTORY (default: this machine) and run the smoke tests; each node's profile is its own
 	$(SERVE_ARTIFACTS) ansible-playbook -i $(INVENTORY) playbooks/site.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 
-stage: tools fixture ## Place the model on INVENTORY's nodes that lack it, from the nodes that hold it (fan-out); starts and switches nothing
+stage: tools fixture control-packages ## Place the model on INVENTORY's nodes that lack it, from the nodes that hold it (fan-out); starts and switches nothing
 	$(SERVE_ARTIFACTS) ansible-playbook -i $(INVENTORY) playbooks/stage.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 
 undeploy: tools ## Stop the services and remove the deployment (keeps artifacts/)
 	$(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/undeploy.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 
-lb: tools ## Configure the load balancer (INVENTORY's glmdeploy_lb group) in front of the nodes
-	$(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/lb.yml $(ANSIBLE_ARGS)
+lb: tools control-packages ## Configure the load balancer (INVENTORY's glmdeploy_lb group) in front of the nodes
+	$(SERVE_ARTIFACTS) ansible-playbook -i $(INVENTORY) playbooks/lb.yml $(ANSIBLE_ARGS)
 
-firewall: tools ## Keep each node's vLLM, UI and exporter ports to the balancer and the monitoring host (nftables; part of make deploy)
-	$(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/firewall.yml $(ANSIBLE_ARGS)
+firewall: tools control-packages ## Keep each node's vLLM, UI and exporter ports to the balancer and the monitoring host (nftables; part of make deploy)
+	$(SERVE_ARTIFACTS) ansible-playbook -i $(INVENTORY) playbooks/firewall.yml $(ANSIBLE_ARGS)
 
 # The control node's store of user keys (digests); roles/load_balancer's load_balancer_keys_store.
 KEYS_STORE := $(ARTIFACTS)/secrets/api-keys.json
@@ -245,7 +264,7 @@ undrain: tools ## Put HOST back behind the load balancer
 	@test -n "$(HOST)" || { echo "error: HOST=<inventory name of a node> is required"; exit 2; }
 	$(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/lb.yml -e '{"load_balancer_undrain": ["$(HOST)"]}' $(ANSIBLE_ARGS)
 
-rollout: tools $(REFENV_READY) fixture ## Upgrade the fleet one node at a time out of the balancer (ROLLOUT_SERIAL=1, ROLLOUT_MAX_FAIL=0, ROLLOUT_SOAK=10m: soak each batch's first node); a failing node returns to its previous release
+rollout: tools $(REFENV_READY) fixture control-packages ## Upgrade the fleet one node at a time out of the balancer (ROLLOUT_SERIAL=1, ROLLOUT_MAX_FAIL=0, ROLLOUT_SOAK=10m: soak each batch's first node); a failing node returns to its previous release
 	@rc=0; $(SERVE_ARTIFACTS) ansible-playbook -i $(INVENTORY) playbooks/rollout.yml $(FORCE_PROFILE) \
 	  -e rollout_serial=$(ROLLOUT_SERIAL) -e rollout_max_fail_percentage=$(ROLLOUT_MAX_FAIL) -e rollout_soak=$(ROLLOUT_SOAK) \
 	  $(ANSIBLE_ARGS) || rc=$$?; \
@@ -264,14 +283,14 @@ releases-table: ## Print the table of releases per node from reports/releases/ (
 	@echo "==> releases per node ($(REPORTS)/releases/)"
 	@$(TOOLS)/bin/python -m glmdeploy_control.releases $(REPORTS)/releases/*.json
 
-driver: tools ## Install the pinned NVIDIA driver on INVENTORY's nodes (held; reboots a node only when the driver changed)
-	$(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/driver.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
+driver: tools control-packages ## Install the pinned NVIDIA driver on INVENTORY's nodes (held; reboots a node only when the driver changed)
+	$(SERVE_ARTIFACTS) ansible-playbook -i $(INVENTORY) playbooks/driver.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 
-driver-upgrade: tools ## The driver's upgrade path: unhold, install what nvidia_driver_branch/_version select now, re-hold, reboot
-	$(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/driver.yml $(FORCE_PROFILE) -e nvidia_driver_upgrade=true $(ANSIBLE_ARGS)
+driver-upgrade: tools control-packages ## The driver's upgrade path: install the driver the apt lock carries over another one, hold it, reboot
+	$(SERVE_ARTIFACTS) ansible-playbook -i $(INVENTORY) playbooks/driver.yml $(FORCE_PROFILE) -e nvidia_driver_upgrade=true $(ANSIBLE_ARGS)
 
-monitor: tools ## Apply just the monitoring: the nodes' exporters, the balancer's nginx exporter, Prometheus and Alertmanager on the monitoring host
-	$(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/monitor.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
+monitor: tools control-packages ## Apply just the monitoring: the nodes' exporters, the balancer's nginx exporter, Prometheus and Alertmanager on the monitoring host
+	$(SERVE_ARTIFACTS) ansible-playbook -i $(INVENTORY) playbooks/monitor.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 
 smoke: tools ## Run the smoke suite on every node of INVENTORY; reports land in reports/smoke/
 	ansible-playbook -i $(INVENTORY) playbooks/smoke.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
@@ -361,8 +380,8 @@ drills: tools ## Fault drills: the fleet tests and drills on 3 test hosts, this 
 	  2>&1 | tee bench/drills/last-run.txt
 
 # What the tests need from the distribution: a headless browser (UI test), libnuma (CPU vLLM),
-# zstd (release packs), rsync (model stores: the artifact server and the unit tests), debootstrap + systemd-nspawn + iproute2 + ssh (test hosts).
-TEST_PACKAGES := chromium fonts-wqy-microhei libnuma1 python3-venv zstd rsync debootstrap systemd-container iproute2 openssh-client podman runc
+# zstd (release packs), rsync (model stores: the artifact server and the unit tests), apt-utils and gnupg (the kit's apt repository), debootstrap + systemd-nspawn + iproute2 + ssh (test hosts).
+TEST_PACKAGES := chromium fonts-wqy-microhei libnuma1 python3-venv zstd rsync apt-utils gnupg debootstrap systemd-container iproute2 openssh-client podman runc
 
 test-packages: ## Install the distribution packages the tests need (root; nothing happens when all are there)
 	@if dpkg -s $(TEST_PACKAGES) >/dev/null 2>&1; then echo "==> test packages present"; \
@@ -430,7 +449,7 @@ test-inputs: tools $(REFENV_READY) fixture $(REFENV_WHEELHOUSE_MADE)
 hosts: tools ## Create N (default 3) fresh systemd test hosts in network namespaces (DEBIAN13=K: the last K run Debian 13); writes their inventory
 	$(HOSTCTL) up $(N) --debian13 $(DEBIAN13)
 
-hosts-down: tools ## Destroy every test host and the controller-side apt proxy
+hosts-down: tools ## Destroy every test host
 	$(HOSTCTL) down
 
 hosts-status: tools ## List the test hosts

@@ -99,7 +99,9 @@ class PrivateApt:
             [tool, *self.options(), *args], capture_output=True, text=True, check=False, env=_apt_env()
         )
         if proc.returncode != 0:
-            raise AptLockError(f"{tool} {' '.join(args[:3])}... failed:\n{(proc.stderr or proc.stdout).strip()[-2000:]}")
+            raise AptLockError(
+                f"{tool} {' '.join(args[:3])}... failed:\n{(proc.stderr or proc.stdout).strip()[-2000:]}"
+            )
         return proc.stdout
 
 
@@ -112,7 +114,11 @@ def mirror_sources(release: registry.AptRelease, mirror: str | None, codenames: 
     use for it, or for the same suite of another release of the distribution (`codenames`: the
     codename swapped, as the test hosts' Debian 13 sources are made), or from `mirror`."""
     suites = [s.format(codename=release.codename) for s in release.suites]
-    known = [(uri, name) for uri, name in apt_sources.apt_mirrors() if name.split("-")[0] in (codenames or {release.codename})]
+    known = [
+        (uri, name)
+        for uri, name in apt_sources.apt_mirrors()
+        if name.split("-")[0] in (codenames or {release.codename})
+    ]
     archives = {}
     for suite in suites:
         suffix = suite[len(release.codename) :]
@@ -130,7 +136,8 @@ def mirror_sources(release: registry.AptRelease, mirror: str | None, codenames: 
             )
     if not Path(release.keyring).exists():
         raise AptLockError(
-            f"{release.keyring} (the archive's signing keys) is missing; fix: apt install the distribution's keyring package"
+            f"{release.keyring} (the archive's signing keys) is missing; "
+            "fix: apt install the distribution's keyring package"
         )
     components = " ".join(release.components)
     return [f"deb [signed-by={release.keyring}] {uri} {suite} {components}" for suite, uri in archives.items()]
@@ -226,7 +233,8 @@ def _closure(apt: PrivateApt, names: list[str]) -> dict[str, dict[str, object]]:
 
 
 def lock_path(reg: registry.Registry, name: str) -> Path:
-    return ROOT / "constraints" / reg.apt_lock_name(name)
+    """constraints/apt/<release>.lock beside the registry that names it."""
+    return reg.path.parent / reg.apt_lock_name(name)
 
 
 def render(lock: dict[str, object]) -> str:
@@ -241,7 +249,7 @@ def write_lock(reg: registry.Registry, name: str, mirror: str | None) -> Path:
     packages = lock["packages"]
     assert isinstance(packages, dict)
     total = sum(int(p["size"]) for p in packages.values())
-    log(f"{name}: {len(packages)} packages ({total / 1e6:.0f} MB) -> {path.relative_to(ROOT)}")
+    log(f"{name}: {len(packages)} packages ({total / 1e6:.0f} MB) -> {path}")
     return path
 
 
@@ -265,9 +273,56 @@ def drift(committed: dict[str, object], fresh: dict[str, object]) -> list[str]:
 def read_lock(reg: registry.Registry, name: str) -> dict[str, object]:
     path = lock_path(reg, name)
     if not path.exists():
-        raise AptLockError(f"{path.relative_to(ROOT)} does not exist; fix: make lock")
+        raise AptLockError(f"{path} does not exist; fix: make lock")
     data: dict[str, object] = json.loads(path.read_text())
     return data
+
+
+def input_drift(reg: registry.Registry, name: str, lock: dict[str, object]) -> list[str]:
+    """What the registry asks for that the committed lock was not resolved from (offline)."""
+    release = reg.kit.apt.releases[name]
+    installs = lock.get("installs", {})
+    assert isinstance(installs, dict)
+    lines = []
+    for group, names in wanted(reg, release).items():
+        if sorted(names) != installs.get(group):
+            lines.append(f"  {group}: the registry asks for {sorted(names)}, the lock has {installs.get(group)}")
+    kernels = lock.get("kernels", [])
+    assert isinstance(kernels, list)
+    for kernel in release.kernels:
+        if kernel not in kernels:
+            lines.append(f"  kernels: the registry asks for the headers of {kernel}, the lock has {kernels}")
+    return lines
+
+
+def check(reg: registry.Registry, releases: list[str], mirror: str | None, strict: bool) -> int:
+    """Exit 1 when a lock no longer matches its input (the registry); versions the mirror has moved
+    past since are named, and fail only with `strict`: the archive moves on its own (security
+    updates), and a commit that did not touch the lock must not fail for it (docs/decisions.md)."""
+    failed = False
+    for name in releases:
+        lock = read_lock(reg, name)
+        where = reg.apt_lock_name(name)
+        lines = input_drift(reg, name, lock)
+        if lines:
+            failed = True
+            print(f"{where} was not resolved from what the registry asks now:\n" + "\n".join(lines))
+            continue
+        try:
+            moved = drift(lock, resolve(reg, name, mirror))
+        except AptLockError as err:
+            print(f"{where}: matches the registry; the mirror could not be read ({err}); versions not compared")
+            failed = failed or strict
+            continue
+        if moved:
+            failed = failed or strict
+            print(f"{where}: matches the registry; the mirror has moved since it was resolved:\n" + "\n".join(moved))
+            print("  (make lock takes the new versions; until then every node keeps the locked ones)")
+        else:
+            print(f"{where}: up to date")
+    if failed:
+        print("fix: make lock (then commit constraints/apt/)")
+    return 1 if failed else 0
 
 
 # ---------------------------------------------------------------- the repository
@@ -298,7 +353,9 @@ def signing_key(artifacts: Path) -> tuple[Path, Path]:
     home = artifacts / "secrets" / "apt"
     public = artifacts / "apt" / "glmdeploy-apt.asc"
     if shutil.which("gpg") is None:
-        raise AptLockError("gpg is not installed on this control node; fix: apt install gnupg (it signs the kit's apt repository)")
+        raise AptLockError(
+            "gpg is not installed on this control node; fix: apt install gnupg (it signs the kit's apt repository)"
+        )
     with _locked(artifacts / "apt" / ".key.lock"):
         if not (home / "ready").exists():
             shutil.rmtree(home, ignore_errors=True)
@@ -366,17 +423,23 @@ def build_repo(reg: registry.Registry, name: str, artifacts: Path, cache: Path, 
     return repo
 
 
-def _fetch(reg: registry.Registry, name: str, packages: dict[str, dict[str, object]], debs: Path, mirror: str | None) -> None:
+def _fetch(
+    reg: registry.Registry, name: str, packages: dict[str, dict[str, object]], debs: Path, mirror: str | None
+) -> None:
     """Every locked .deb into the cache that is not there with the lock's SHA256 (apt-get download:
     apt checks each against the release's signed index)."""
     debs.mkdir(parents=True, exist_ok=True)
     missing = [
-        (p, e) for p, e in packages.items() if not (debs / str(e["filename"])).exists() or _sha256(debs / str(e["filename"])) != e["sha256"]
+        (p, e)
+        for p, e in packages.items()
+        if not (debs / str(e["filename"])).exists() or _sha256(debs / str(e["filename"])) != e["sha256"]
     ]
     if not missing:
         return
+    for _, entry in missing:  # a damaged copy would be taken as downloaded (apt-get skips a file that is there)
+        (debs / str(entry["filename"])).unlink(missing_ok=True)
     release = reg.kit.apt.releases[name]
-    size = sum(int(e["size"]) for _, e in missing)
+    size = sum(int(str(e["size"])) for _, e in missing)
     log(f"{name}: downloading {len(missing)} of {len(packages)} locked packages ({size / 1e6:.0f} MB) into {debs}")
     with tempfile.TemporaryDirectory(prefix="glmdeploy-aptrepo-") as tmp:
         apt = PrivateApt(Path(tmp), mirror_sources(release, mirror, _codenames(reg, release)))
@@ -393,11 +456,7 @@ def _fetch(reg: registry.Registry, name: str, packages: dict[str, dict[str, obje
         )
         if proc.returncode != 0:
             gone = re.findall(r"Version '([^']+)' for '([^']+)' was not found", proc.stderr)
-            hint = (
-                f" ({', '.join(f'{p} {v}' for v, p in gone)} no longer on the mirror)"
-                if gone
-                else ""
-            )
+            hint = f" ({', '.join(f'{p} {v}' for v, p in gone)} no longer on the mirror)" if gone else ""
             raise AptLockError(
                 f"downloading the locked packages of {name} failed{hint}:\n{proc.stderr.strip()[-1500:]}\n"
                 "fix: make lock (re-resolve against the mirror as it is now), or name a mirror that still carries "
@@ -422,14 +481,24 @@ def _index(repo: Path, name: str, home: Path) -> None:
         cwd=repo, capture_output=True, text=True, check=True,
     )  # fmt: skip
     (repo / "Release").write_text(release.stdout)
-    _gpg(home, "--local-user", KEY_NAME, "--digest-algo", "SHA512", "--clearsign", "--output", str(repo / "InRelease"), str(repo / "Release"))
+    _gpg(
+        home,
+        "--local-user",
+        KEY_NAME,
+        "--digest-algo",
+        "SHA512",
+        "--clearsign",
+        "--output",
+        str(repo / "InRelease"),
+        str(repo / "Release"),
+    )
 
 
 # ---------------------------------------------------------------- command line
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m glmdeploy_control.aptlock",
-        description="The kit's apt lock per node OS release (constraints/apt/) and its offline repository (artifacts/apt/).",
+        description=__doc__.splitlines()[0],
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for cmd, text in (
@@ -441,9 +510,17 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(cmd, help=text, description=text)
         p.add_argument("--release", action="append", help="a release of [kit.apt.releases] (repeatable; default: all)")
         p.add_argument("--mirror", help="the archive's URI for a release this machine's apt sources do not carry")
+        if cmd == "check":
+            p.add_argument(
+                "--strict",
+                action="store_true",
+                help="fail on versions the mirror has moved past too (default: name them)",
+            )
         if cmd == "repo":
             p.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
-            p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"downloaded .debs (default {DEFAULT_CACHE})")
+            p.add_argument(
+                "--cache", type=Path, default=DEFAULT_CACHE, help=f"downloaded .debs (default {DEFAULT_CACHE})"
+            )
     args = parser.parse_args(argv)
     reg = registry.load()
     releases = args.release or list(reg.kit.apt.releases)
@@ -454,17 +531,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in releases:
                 write_lock(reg, name, args.mirror)
         elif args.command == "check":
-            failed = False
-            for name in releases:
-                lines = drift(read_lock(reg, name), resolve(reg, name, args.mirror))
-                if lines:
-                    failed = True
-                    print(f"{reg.apt_lock_name(name)} drifted from the mirror:\n" + "\n".join(lines))
-                else:
-                    print(f"{reg.apt_lock_name(name)}: up to date")
-            if failed:
-                print("fix: make lock (then commit constraints/apt/), or keep the lock and its repository as they are")
-                return 1
+            return check(reg, releases, args.mirror, args.strict)
         elif args.command == "repo":
             for name in releases:
                 print(build_repo(reg, name, args.artifacts, args.cache, args.mirror))

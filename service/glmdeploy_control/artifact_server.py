@@ -9,8 +9,8 @@ the API key included. This one:
   ``glmdeploy_artifact_url`` of its own (a lab mirror);
 - binds only the control node's address that each such node is routed to (``ip route get``),
   never every interface;
-- serves ``wheelhouse/`` over HTTP read-only (pip's find-links, all a node fetches over HTTP),
-  nothing else: ``secrets/`` and every other tree answer 404;
+- serves ``wheelhouse/`` (pip's find-links) and ``apt/`` (the kit's signed apt repositories and
+  their public key) over HTTP read-only, nothing else: ``secrets/`` and every other tree answer 404;
 - tells the playbook each node's URL in ``GLMDEPLOY_ARTIFACT_URLS`` (a JSON map, read by the
   ``glmdeploy`` role's defaults); preflight checks every node reaches it before anything changes;
 - serves artifacts/ through an rsync daemon (Debian's rsync) on the same addresses, to those
@@ -45,10 +45,13 @@ from glmdeploy_control.wrapped import command_of, run_child, wrapper_parser
 
 URLS_VAR = "GLMDEPLOY_ARTIFACT_URLS"
 RSYNC_VAR = "GLMDEPLOY_ARTIFACT_RSYNC"
-#: The only tree a node fetches over HTTP (artifact stores come by rsync: serve_rsync).
-SERVED = ("wheelhouse",)
+#: The trees a node fetches over HTTP: pip's find-links and the kit's apt repositories (artifact
+#: stores come by rsync: serve_rsync).
+SERVED = ("wheelhouse", "apt")
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
-NODES_GROUP = "glmdeploy_nodes"
+#: The hosts the kit installs on: nodes (wheels, packages, stores), balancers and monitoring hosts
+#: (the kit's apt repository).
+GROUPS = ("glmdeploy_nodes", "glmdeploy_lb", "glmdeploy_monitor")
 
 
 class ArtifactError(Exception):
@@ -87,7 +90,7 @@ def inventory_nodes(inventory: str) -> dict[str, dict[str, Any]]:
         raise ArtifactError(f"cannot read the inventory {inventory}: {out.stderr.strip()[-500:]}")
     data = json.loads(out.stdout)
     hostvars: dict[str, dict[str, Any]] = data.get("_meta", {}).get("hostvars", {})
-    hosts = _hosts_of(data, NODES_GROUP)  # the balancer fetches no artifacts
+    hosts = set().union(*(_hosts_of(data, group) for group in GROUPS))
     return {h: hostvars.get(h, {}) for h in sorted(hosts)}
 
 
@@ -230,7 +233,7 @@ def run(root: Path, inventory: str, port: int, command: list[str]) -> int:
         urls = {name: _url(address, port) for name, address in sources.items()}
         env[URLS_VAR] = json.dumps(urls, sort_keys=True)
         where = ", ".join(sorted({_url(a, port) for a in sources.values()}))
-        log(f"serving {root}/wheelhouse to {len(urls)} node(s) at {where} for this run")
+        log(f"serving {root}/wheelhouse and {root}/apt to {len(urls)} host(s) at {where} for this run")
         clients = sorted(set(ips.values()))
         if sources:
             daemons, rport = serve_rsync(

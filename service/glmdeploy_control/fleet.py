@@ -32,6 +32,7 @@ FIELDS = (
     "lock",
     "image",
     "packages",
+    "apt",
     "model_manifest",
     "model_files",
     "tokenizer_golden",
@@ -88,6 +89,16 @@ def package_drift(fp: dict[str, Any], root: Path) -> list[str]:
     return found
 
 
+def _apt(path: Path) -> tuple[str, str]:
+    """The node's kit packages in one value (equal on identical nodes: the release's repository,
+    named by its lock, and how many), and their drift from the lock ("" none)."""
+    if not path.exists():
+        return "not checked", ""
+    data = json.loads(path.read_text())
+    packages = data.get("packages", {})
+    return f"{len(packages)} packages from {data.get('lock', '?')}", str(data.get("drift", ""))
+
+
 def _failure(result: dict[str, Any]) -> str:
     """`test_name: the assertion's first line`, so the fleet report names what broke."""
     name = str(result.get("test", "")).split("::")[-1]
@@ -124,6 +135,7 @@ def build(reports: Path, root: Path, model_root: Path) -> dict[str, Any]:
         fp["smoke"] = f"{c.get('passed', 0)} passed, {c.get('failed', 0)} failed, {c.get('skipped', 0)} skipped"
         fp["_smoke_failures"] = [_failure(r) for r in smoke.get("results", []) if r.get("outcome") == "failed"]
         fp["outputs"] = _outputs(smoke.get("results", []))
+        fp["apt"], fp["_apt_drift"] = _apt(host_dir / "apt.json")
         exporters_file = host_dir / "exporters.json"
         exporters = json.loads(exporters_file.read_text()) if exporters_file.exists() else {}
         for field in EXPORTER_FIELDS:
@@ -151,6 +163,8 @@ def build(reports: Path, root: Path, model_root: Path) -> dict[str, Any]:
         drift = package_drift(fp, root)
         if drift:
             marks[host]["packages"] = "not the lock: " + "; ".join(drift[:8]) + (" ..." if len(drift) > 8 else "")
+        if fp.get("_apt_drift"):
+            marks[host]["apt"] = "not the apt lock: " + str(fp["_apt_drift"])
         if str(fp["outputs"]).startswith("changed"):
             marks[host]["outputs"] = "the greedy outputs differ from their recording (smoke_tests/outputs/)"
         for field in EXPORTER_FIELDS:

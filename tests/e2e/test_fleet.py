@@ -1,7 +1,7 @@
 """The full deploy on fresh systemd hosts: a mixed fleet, converge, idempotence, real verification.
 
 Hosts come from tests/hosts/hostctl.py (`make hosts N=...`): Debian 12 booting systemd in their own
-network namespaces, reaching only the controller's apt proxy and artifact server. `make test` deploys
+network namespaces, air-gapped: they reach only the artifact server each run serves. `make test` deploys
 two (FLEET_HOSTS): testhost1 on the cpu profile, also running the balancer, and testhost2 on
 gpu-cu121; `make drills` three, a second cpu node (testhost2) in front of the gpu-cu121 one
 (testhost3), so that a rollout has a cpu node to fail on before the last node. The last host is

@@ -100,7 +100,7 @@ def hosts():
     names = hostctl.host_names(HOSTS)
     inventory = hostctl.STATE / "inventory.ini"
     # A first stage of the fixture, uncapped: node_base's packages (rsync among them) come
-    # through the apt proxy; the tests cap the links after it.
+    # from the kit's apt repository, served by the run; the tests cap the links after it.
     base = make("stage", f"INVENTORY={inventory}", timeout=1800)
     assert base.returncode == 0, base.stdout[-3000:]
     FIGURES["first stage, 8 fresh hosts, links not capped (environment pack and fixture model)"] = {

@@ -4,10 +4,13 @@
 Why: "make deploy to a fresh server" is a claim about machines that are not the
 control node. Without a Docker engine, each host here is an overlay on a cached
 debootstrapped rootfs, booted by systemd-nspawn inside its own network
-namespace on a private bridge, reached by Ansible over SSH. Hosts have no
-default route: they reach only the controller's bridge address, where an apt
-proxy (forwarding only to the controller's own apt mirror) and an artifact
-server (wheelhouse, models) listen. Everything is torn down by recorded PID.
+namespace on a private bridge, reached by Ansible over SSH. Hosts are air-gapped: no
+default route and no apt proxy; they reach only the controller's bridge address, where
+`make deploy` serves its artifacts for the run (the kit's apt repository among them: every
+distribution package a deploy installs comes from there). Their root filesystem is the
+release's minimal base plus what the kit asks of a node before it runs (BASE_PACKAGES: systemd,
+SSH, sudo, Python), debootstrapped on the controller from its own mirror, and nothing of the
+kit's. Everything is torn down by recorded PID.
 
 Debian 13 hosts (`up N --debian13 K`: the last K) run Python 3.13, which the kit's locks do not
 support: they run their releases from the kit's image (glmdeploy_runtime=container in the
@@ -29,7 +32,6 @@ import fcntl
 import hashlib
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -46,7 +48,9 @@ CACHE = Path(os.environ.get("GLMDEPLOY_HOSTS_CACHE", "/var/cache/glmdeploy-hosts
 BRIDGE = "glmbr0"
 SUBNET = "10.77.0"
 CONTROLLER = f"{SUBNET}.1"
-APT_PORT = 3142
+#: What a node has before the kit runs (the README's "each node needs SSH, sudo and Python"), on
+#: debootstrap's minimal base: the kit installs everything else from its apt repository.
+#: iproute2 and procps are the harness's own (its waits and the drills read them).
 PACKAGES = (
     "systemd",
     "systemd-sysv",
@@ -54,17 +58,13 @@ PACKAGES = (
     "openssh-server",
     "sudo",
     "python3",
-    "python3-apt",
-    "python3-venv",
-    "python3-packaging",
-    "libnuma1",
     "iproute2",
     "procps",
     "ca-certificates",
 )
 CGROUP_HIERARCHIES = ("systemd", "unified")
 # Bumped whenever finish_golden() changes what a golden rootfs contains (a new cache key).
-GOLDEN_REVISION = "2"
+GOLDEN_REVISION = "3"
 #: The Debian suites a test host can run, by name (the first is the default).
 SUITES = {"bookworm": "Debian 12", "trixie": "Debian 13"}
 #: Podman inside an nspawn host: no session keyring and no cgroups of its own (nspawn allows
@@ -140,7 +140,7 @@ def _build_golden(suite: str) -> Path:
 
 
 def finish_golden(rootfs: Path, suite: str = "bookworm") -> None:
-    """Make the rootfs a template: no identity of its own, apt through the controller's proxy."""
+    """Make the rootfs a template: no identity of its own, and apt sources no host can reach."""
     for key in rootfs.glob("etc/ssh/ssh_host_*"):
         key.unlink()
     (rootfs / "etc/machine-id").write_text("")
@@ -159,9 +159,6 @@ def finish_golden(rootfs: Path, suite: str = "bookworm") -> None:
         conf = rootfs / "etc/containers/containers.conf.d/50-nspawn-test-host.conf"
         conf.parent.mkdir(parents=True, exist_ok=True)
         conf.write_text(NSPAWN_CONTAINERS_CONF)
-    (rootfs / "etc/apt/apt.conf.d/01glmdeploy-proxy").write_text(
-        f'Acquire::http::Proxy "http://{CONTROLLER}:{APT_PORT}";\n'
-    )
     # No TTY on the console pipe: a getty there would respawn forever.
     wants = rootfs / "etc/systemd/system/getty.target.wants"
     shutil.rmtree(wants, ignore_errors=True)
@@ -183,28 +180,6 @@ def start_server(name: str, argv: list[str]) -> None:
     logf = (STATE / f"{name}.log").open("ab")
     proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
     pidfile.write_text(str(proc.pid))
-
-
-def start_servers() -> None:
-    uris = [uri for uri, _ in apt_sources.apt_mirrors()]
-    hosts = sorted({h for h in (re.sub(r"^\w+://([^/:]+).*$", r"\1", uri) for uri in uris) if h})
-    start_server(
-        "aptproxy",
-        [
-            sys.executable,
-            str(Path(__file__).with_name("aptproxy.py")),
-            "--bind",
-            CONTROLLER,
-            "--port",
-            str(APT_PORT),
-            "--cache-dir",
-            str(CACHE / "apt"),
-            *[a for h in hosts for a in ("--allow", h)],
-        ],
-    )
-    # Artifacts reach the hosts the way they reach any node: through the server `make deploy` runs
-    # for the length of the run (glmdeploy_control.artifact_server), not one started here.
-    wait_port(CONTROLLER, APT_PORT, 10, f"controller service on port {APT_PORT}")
 
 
 def wait_port(host: str, port: int, timeout: float, what: str) -> float:
@@ -343,7 +318,6 @@ def up(count: int, debian13: int = 0) -> dict[str, object]:
     golden_s = time.monotonic() - start
     key = ensure_key()
     ensure_bridge()
-    start_servers()
     t0 = time.monotonic()
     for name in names:
         if (STATE / name / "pid").exists():
@@ -456,7 +430,6 @@ def down() -> None:
             ["rm", "-rf", str(trash)], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         log(f"{name} removed ({time.monotonic() - start:.1f}s)")
-    stop_pids([STATE / "aptproxy.pid"], timeout=5)
     log(f"controller services stopped ({time.monotonic() - start:.1f}s)")
     run("ip", "link", "del", BRIDGE, check=False)
     for leftover in [*STATE.glob("inventory*.ini"), STATE / "hosts.json"]:

@@ -194,3 +194,45 @@ def test_a_fleet_without_exporter_reports_says_not_checked_without_a_problem(fle
     reports, models = fleet
     report = build(reports, ROOT, models)
     assert report["problems"] == [] and report["hosts"]["node1"]["prober"] == "not checked"
+
+
+def _apt_report(reports, host, nginx="1.22.1-9+deb12u12", drift=""):
+    (reports / host / "apt.json").write_text(
+        json.dumps(
+            {
+                "release": "debian-12",
+                "lock": "debian-12-4e46d9bebee3",
+                "packages": {
+                    "nftables": {
+                        "installed": "1.0.6-2+deb12u2",
+                        "locked": "1.0.6-2+deb12u2",
+                        "installer": "node_firewall",
+                    },
+                    "nginx": {"installed": nginx, "locked": "1.22.1-9+deb12u12", "installer": "load_balancer"},
+                },
+                "drift": drift,
+            }
+        )
+    )
+
+
+def test_identical_nodes_show_one_apt_value_and_a_package_changed_in_place_names_host_package_and_versions(fleet):
+    reports, models = fleet
+    _apt_report(reports, "node1")
+    _apt_report(reports, "node2")
+    report = build(reports, ROOT, models)
+    assert report["problems"] == []
+    assert "| apt | 2 packages from debian-12-4e46d9bebee3 | 2 packages from debian-12-4e46d9bebee3 |" in markdown(
+        report
+    )
+    _apt_report(
+        reports, "node2", nginx="1.22.1-9+deb12u2", drift="nginx installed 1.22.1-9+deb12u2, locked 1.22.1-9+deb12u12"
+    )
+    problems = build(reports, ROOT, models)["problems"]
+    assert problems == ["node2: apt: not the apt lock: nginx installed 1.22.1-9+deb12u2, locked 1.22.1-9+deb12u12"]
+
+
+def test_a_node_without_an_apt_report_says_not_checked(fleet):
+    reports, models = fleet
+    report = build(reports, ROOT, models)
+    assert report["hosts"]["node1"]["apt"] == "not checked" and report["problems"] == []
