@@ -359,10 +359,90 @@ def test_verify_prints_one_table_with_both_profiles_side_by_side(fleet):
 
     assert cells("node exporter") == ["up"] * len(HOSTS)
     assert cells("prober") == ["up, generating"] * len(HOSTS)
+    apt = cells("apt")
+    assert all(re.fullmatch(r"\d+ packages from debian-12-[0-9a-f]{12}", cell) for cell in apt), apt
+    assert len({cell.split(" from ")[1] for cell in apt}) == 1, (
+        f"the hosts' packages come from different repositories: {apt}"
+    )
     gpu = cells("gpu exporter")
     assert gpu[:-1] == ["not run: cpu node (no GPU)"] * len(CPU_HOSTS) and gpu[-1].startswith("up, no GPU to read ("), (
         gpu
     )
+
+
+APT_LOCK = json.loads((ROOT / "constraints" / "apt" / "debian-12.lock").read_text())
+
+
+@pytest.mark.parametrize("host", HOSTS)
+def test_hosts_are_air_gapped_and_every_kit_package_is_the_locked_version_held(fleet, host):
+    """No route out, no apt proxy: every distribution package the deploy installed came from the kit's
+    repository (the host's own sources are unreachable), at the lock's version, held."""
+    gap = on_host(host, "ip route show default; apt-config dump | grep -i 'proxy' ; true")
+    assert gap.stdout.strip() == "", f"{host} has a route or an apt proxy:\n{gap.stdout}"
+    record = json.loads(on_host(host, "cat /var/lib/glmdeploy/apt/installed.json").stdout)
+    installers = set(record.values())
+    want = {"node_firewall", "node_metrics"} | (
+        {"load_balancer", "nginx_exporter", "monitoring"} if host == LB_HOST else set()
+    )
+    assert want <= installers and any(i.startswith("node_base/") for i in installers), record
+    names = sorted(record)
+    out = on_host(host, "dpkg-query -W -f '${Package} ${Version} ${db:Status-Abbrev}\\n' " + " ".join(names))
+    found = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()}
+    assert {n: found[n] for n in names} == {n: [APT_LOCK["packages"][n]["version"], "hi"] for n in names}, out.stdout
+
+
+def _other_version_debs(package: str, companions: list[str], dest: Path) -> str:
+    """Another version of a locked package (and its same-version companions) fetched on the control
+    node from its own mirror: what an admin's `apt-get install <package>=<version>` would place."""
+    from glmdeploy_control import aptlock, registry
+
+    reg = registry.load()
+    release = reg.kit.apt.releases["debian-12"]
+    apt = aptlock.PrivateApt(dest / "apt", aptlock.mirror_sources(release, None, {"bookworm", "trixie"}))
+    apt.prepare()
+    apt.run("apt-get", "update", "-q")
+    locked = APT_LOCK["packages"][package]["version"]
+    versions = [line.split("|")[1].strip() for line in apt.run("apt-cache", "madison", package).splitlines()]
+    other = next((v for v in versions if v != locked), None)
+    if other is None:
+        pytest.skip(f"the mirror carries no other {package} than the locked {locked}")
+    debs = dest / "debs"
+    debs.mkdir()
+    specs = [f"{name}={other}" for name in [package, *companions]]
+    subprocess.run(["apt-get", *apt.options(), "download", "-q", *specs], cwd=debs, check=True, capture_output=True)
+    return other
+
+
+@pytest.mark.drill
+def test_a_package_changed_in_place_is_named_refused_without_repair_and_repaired_before_any_switch(fleet, tmp_path):
+    """nginx replaced on the balancer's host by hand: make verify names host, package and both versions;
+    make deploy with repair off stops before any change; make deploy repairs it and the node passes."""
+    on_first_releases(fleet)
+    host = LB_HOST
+    locked = APT_LOCK["packages"]["nginx"]["version"]
+    other = _other_version_debs("nginx", ["nginx-common"], tmp_path)
+    drop = STATE / host / "merged" / "root" / "other-nginx"
+    shutil.copytree(tmp_path / "debs", drop)
+    placed = on_host(host, "dpkg -i --force-confold /root/other-nginx/*.deb && dpkg-query -W -f '${Version}' nginx")
+    assert placed.returncode == 0 and placed.stdout.strip() == other, placed.stdout + placed.stderr
+    verify = make("verify", f"INVENTORY={fleet['inventory']}", timeout=900)
+    assert verify.returncode != 0
+    assert f"{host}: apt: not the apt lock: nginx installed {other}, locked {locked}" in verify.stdout, verify.stdout[
+        -3000:
+    ]
+    before = releases_of(host)["current"]
+    refused = make(
+        "deploy", f"INVENTORY={fleet['inventory']}", "ANSIBLE_ARGS=-e glmdeploy_apt_repair=false", timeout=900
+    )
+    assert refused.returncode != 0
+    assert f"nginx installed {other}, locked {locked}" in refused.stdout and "Nothing was changed" in refused.stdout
+    assert on_host(host, "dpkg-query -W -f '${Version}' nginx").stdout.strip() == other, "the refused run changed nginx"
+    assert releases_of(host)["current"] == before
+    repaired = make("deploy", f"INVENTORY={fleet['inventory']}", timeout=1800)
+    assert repaired.returncode == 0, deploy_failure_summary(repaired)
+    assert on_host(host, "dpkg-query -W -f '${Version} ${db:Status-Abbrev}' nginx").stdout.split() == [locked, "hi"]
+    again = make("verify", f"INVENTORY={fleet['inventory']}", timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:]
 
 
 @pytest.mark.parametrize("host", HOSTS)

@@ -23,6 +23,7 @@ background on its own host while the others run, and is checked last.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -44,7 +45,9 @@ SCENARIO_TESTS = {
     "node_base": "test_node_base_scenario",
     "model": "test_model_scenario",
     "service_unit": "test_service_unit_scenario",
-    "preflight_port": "test_preflight_names_an_occupied_port_and_changes_nothing",
+    # Both preflight tests share one host (space-separated: either selected creates it).
+    "preflight_port": "test_preflight_names_an_occupied_port_and_changes_nothing "
+    "test_preflight_refuses_a_gpu_node_whose_kernel_headers_the_apt_lock_lacks",
     "nvidia_driver": "test_nvidia_driver_scenario",
     "undeploy": "test_undeploy_scenario",
     "place_bundle": "test_glmdeploy_place_bundle_scenario",
@@ -60,11 +63,12 @@ def ansible(name: str, playbook: str | list[str], *extra: str) -> subprocess.Com
     """ansible-playbook tests/scenarios/<name>/<playbook>.yml against the scenario's host alone."""
     playbooks = [playbook] if isinstance(playbook, str) else playbook
     # The model role fetches the staged model from the control node's artifact server (its rsync
-    # daemon), which make deploy runs for the length of a run: the scenario runs under it too.
+    # daemon), and node_base and the driver install from the kit's apt repository it serves over
+    # HTTP, which make deploy runs for the length of a run: those scenarios run under it too.
     served = (
         [str(ROOT / ".venv/tools/bin/python"), "-m", "glmdeploy_control.artifact_server", "--root",
          str(ROOT / "artifacts"), "--inventory", str(hostctl.STATE / f"inventory-{name}.ini"), "--"]
-        if name == "model" else []
+        if name in ("model", "node_base", "nvidia_driver") else []
     )  # fmt: skip
     return subprocess.run(
         [
@@ -194,7 +198,7 @@ def driver_scenario() -> None:
 def hosts(request: pytest.FixtureRequest):
     """A fresh host per scenario that runs, created together (create ... destroy)."""
     selected = {item.name for item in request.session.items}
-    wanted = [name for name, test in SCENARIO_TESTS.items() if test in selected]
+    wanted = [name for name, tests in SCENARIO_TESTS.items() if set(tests.split()) & selected]
     HOSTS.clear()
     HOSTS.update({name: f"testhost{number}" for number, name in enumerate(wanted, start=1)})
     created = make("hosts", f"N={len(HOSTS)}")
@@ -256,6 +260,19 @@ def test_preflight_names_an_occupied_port_and_changes_nothing(hosts):
     result = ansible(name, "converge")
     assert result.returncode != 0, tail(result)
     assert "port 8000 is already in use by PID" in result.stdout and "fix:" in result.stdout, tail(result)
+    verify(name)
+
+
+def test_preflight_refuses_a_gpu_node_whose_kernel_headers_the_apt_lock_lacks(hosts):
+    """The host runs this machine's kernel, which no Debian lock carries headers for: as a GPU node
+    (preflight_kernel_headers, what a GPU profile with a GPU sets) it is refused before any change."""
+    name = "preflight_port"
+    kernel = os.uname().release
+    on_host(name, "systemctl stop squatter 2>/dev/null; true")
+    result = ansible(name, "converge", "-e", "preflight_kernel_headers=true")
+    assert result.returncode != 0, tail(result)
+    assert f"runs kernel {kernel}, and the apt lock of debian-12 carries the headers of" in result.stdout, tail(result)
+    assert f'fix: add "{kernel}" to kernels in [kit.apt.releases.debian-12]' in result.stdout, tail(result)
     verify(name)
 
 
