@@ -43,6 +43,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from glmdeploy.manifest import file_sha256
 from glmdeploy_control import apt_sources, registry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -331,14 +332,6 @@ def repo_name(reg: registry.Registry, name: str) -> str:
     return f"{name}-{hashlib.sha256(lock_path(reg, name).read_bytes()).hexdigest()[:12]}"
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -405,7 +398,7 @@ def build_repo(reg: registry.Registry, name: str, artifacts: Path, cache: Path, 
         tmp.mkdir(parents=True)
         for package, entry in packages.items():
             src = debs / str(entry["filename"])
-            if _sha256(src) != entry["sha256"]:
+            if file_sha256(src) != entry["sha256"]:
                 src.unlink()
                 raise AptLockError(
                     f"{src} ({package} {entry['version']}) does not match the lock's SHA256; it was removed. "
@@ -432,7 +425,7 @@ def _fetch(
     missing = [
         (p, e)
         for p, e in packages.items()
-        if not (debs / str(e["filename"])).exists() or _sha256(debs / str(e["filename"])) != e["sha256"]
+        if not (debs / str(e["filename"])).exists() or file_sha256(debs / str(e["filename"])) != e["sha256"]
     ]
     if not missing:
         return

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import tomllib
 
+from glmdeploy.manifest import file_sha256
 from glmdeploy_control import aptlock, registry
 
 pytestmark = pytest.mark.skipif(
@@ -131,7 +132,7 @@ def test_lock_pins_apts_choice_with_the_signed_index_sha256_and_relocks_byte_ide
     assert sorted(lock["packages"]) == ["basepkg", "kitpkg", "libdep"], "the dependency is closed over"
     deb = archive.pool / "kitpkg_2.0_all.deb"
     assert lock["packages"]["kitpkg"]["version"] == "2.0"
-    assert lock["packages"]["kitpkg"]["sha256"] == aptlock._sha256(deb)
+    assert lock["packages"]["kitpkg"]["sha256"] == file_sha256(deb)
     assert lock["installs"]["load_balancer"] == ["kitpkg"]
     first = path.read_bytes()
     aptlock.write_lock(reg, "test-1", _mirror(archive))
@@ -200,7 +201,7 @@ def test_a_tampered_cached_deb_is_fetched_again_before_the_repository_is_built(t
     target.write_bytes(bytes(data))
     # _fetch sees the bad hash and fetches it again: the repository is right, from a good copy
     repo = aptlock.build_repo(reg, "test-1", tmp_path / "artifacts", cache, _mirror(archive))
-    assert aptlock._sha256(repo / "kitpkg_2.0_all.deb") == aptlock._sha256(archive.pool / "kitpkg_2.0_all.deb")
+    assert file_sha256(repo / "kitpkg_2.0_all.deb") == file_sha256(archive.pool / "kitpkg_2.0_all.deb")
 
 
 def test_a_locked_version_gone_from_the_mirror_names_it_and_the_fix(tmp_path, archive):
