@@ -326,6 +326,21 @@ def check(reg: registry.Registry, releases: list[str], mirror: str | None, stric
     return 1 if failed else 0
 
 
+def sizes(lock: dict[str, object]) -> str:
+    """A table: each installer's closure (packages, MB), then the whole repository."""
+    packages = lock["packages"]
+    closure = lock.get("closure", {})
+    assert isinstance(packages, dict) and isinstance(closure, dict)
+
+    def mb(names: list[str]) -> str:
+        return f"{sum(int(packages[n]['size']) for n in names) / 1e6:.1f}"
+
+    rows = [f"{lock['release']}: installer | packages | MB", "---|---|---"]
+    rows += [f"{group} | {len(names)} | {mb(names)}" for group, names in sorted(closure.items())]
+    rows.append(f"the repository | {len(packages)} | {mb(list(packages))}")
+    return "\n".join(rows)
+
+
 # ---------------------------------------------------------------- the repository
 def repo_name(reg: registry.Registry, name: str) -> str:
     """The repository's directory: the release and the lock's digest (a new lock, a new repository)."""
@@ -499,6 +514,10 @@ def main(argv: list[str] | None = None) -> int:
         ("check", "resolve again; exit 1 naming every package that drifted from the committed lock"),
         ("repo", "build the repository of a release's lock under ARTIFACTS/apt/ (once; prints its directory)"),
         ("name", "print the repository's directory name of a release's lock"),
+        (
+            "sizes",
+            "print what each installer's packages weigh in each release's lock (what a node of that role fetches)",
+        ),
     ):
         p = sub.add_parser(cmd, help=text, description=text)
         p.add_argument("--release", action="append", help="a release of [kit.apt.releases] (repeatable; default: all)")
@@ -528,6 +547,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "repo":
             for name in releases:
                 print(build_repo(reg, name, args.artifacts, args.cache, args.mirror))
+        elif args.command == "sizes":
+            for name in releases:
+                print(sizes(read_lock(reg, name)))
         else:
             for name in releases:
                 print(repo_name(reg, name))
