@@ -7,6 +7,7 @@ through a file: URI exactly as it reads a mirror over HTTP. No network is used.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -43,8 +44,9 @@ def _deb(pool: Path, name: str, version: str, depends: str = "") -> None:
 class Archive:
     """A signed Debian archive of one suite, main only, arch all packages (apt lists them for amd64)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, suites: tuple[str, ...] = (SUITE,)) -> None:
         self.root = root
+        self.suites = suites
         self.pool = root / "pool" / "main"
         self.pool.mkdir(parents=True)
         self.gnupg = root.parent / "archive-gnupg"
@@ -59,27 +61,33 @@ class Archive:
         subprocess.run(["gpg", "--homedir", str(self.gnupg), "--batch", "--quiet", "--pinentry-mode", "loopback",
                         "--passphrase", "", *args], check=True, capture_output=True)  # fmt: skip
 
-    def add(self, name: str, version: str, depends: str = "") -> None:
-        _deb(self.pool, name, version, depends)
+    def add(self, name: str, version: str, depends: str = "", suite: str = "") -> None:
+        """Into the release suite's pool, or into the pool of another suite (its updates)."""
+        pool = self.root / "pool" / suite if suite else self.pool
+        pool.mkdir(parents=True, exist_ok=True)
+        _deb(pool, name, version, depends)
 
     def remove(self, name: str, version: str) -> None:
         (self.pool / f"{name}_{version}_all.deb").unlink()
 
     def index(self) -> None:
-        binary = self.root / "dists" / SUITE / "main" / "binary-amd64"
-        binary.mkdir(parents=True, exist_ok=True)
-        packages = subprocess.run(["apt-ftparchive", "packages", "pool"], cwd=self.root, check=True,
-                                  capture_output=True, text=True).stdout  # fmt: skip
-        (binary / "Packages").write_text(packages)
-        dist = self.root / "dists" / SUITE
-        release = subprocess.run(
-            ["apt-ftparchive", "-o", f"APT::FTPArchive::Release::Suite={SUITE}", "-o",
-             "APT::FTPArchive::Release::Components=main", "-o", "APT::FTPArchive::Release::Architectures=amd64",
-             "release", "."], cwd=dist, check=True, capture_output=True, text=True,
-        ).stdout  # fmt: skip
-        (dist / "Release").write_text(release)
-        (dist / "InRelease").unlink(missing_ok=True)
-        self._gpg("--clearsign", "--output", str(dist / "InRelease"), str(dist / "Release"))
+        for suite in self.suites:
+            pool = "pool/main" if suite == self.suites[0] else f"pool/{suite}"
+            binary = self.root / "dists" / suite / "main" / "binary-amd64"
+            binary.mkdir(parents=True, exist_ok=True)
+            (self.root / pool).mkdir(parents=True, exist_ok=True)
+            packages = subprocess.run(["apt-ftparchive", "packages", pool], cwd=self.root, check=True,
+                                      capture_output=True, text=True).stdout  # fmt: skip
+            (binary / "Packages").write_text(packages)
+            dist = self.root / "dists" / suite
+            release = subprocess.run(
+                ["apt-ftparchive", "-o", f"APT::FTPArchive::Release::Suite={suite}", "-o",
+                 "APT::FTPArchive::Release::Components=main", "-o", "APT::FTPArchive::Release::Architectures=amd64",
+                 "release", "."], cwd=dist, check=True, capture_output=True, text=True,
+            ).stdout  # fmt: skip
+            (dist / "Release").write_text(release)
+            (dist / "InRelease").unlink(missing_ok=True)
+            self._gpg("--clearsign", "--output", str(dist / "InRelease"), str(dist / "Release"))
 
 
 @pytest.fixture
@@ -214,3 +222,29 @@ def test_a_locked_version_gone_from_the_mirror_names_it_and_the_fix(tmp_path, ar
         aptlock.build_repo(reg, "test-1", tmp_path / "artifacts", tmp_path / "cache", _mirror(archive))
     assert "libdep 1.0 no longer on the mirror" in str(err.value) and "fix: make lock" in str(err.value)
     assert not [p for p in (tmp_path / "artifacts" / "apt").iterdir() if p.name.startswith("test-1")]
+
+
+def test_an_ubuntu_release_resolves_its_suites_from_the_mirror_it_is_given(tmp_path):
+    """The same code for an Ubuntu-shaped release: its suites (release, updates) from a mirror the
+    command names, the updates suite's newer version locked. The archive is made here, not
+    Ubuntu's own (this machine reaches no Ubuntu mirror): it proves the path, not Ubuntu's data."""
+    arch = Archive(tmp_path / "ubuntu", suites=("jammy", "jammy-updates"))
+    arch.add("libdep", "1.0")
+    arch.add("kitpkg", "2.0", "libdep (>= 1.0)")
+    arch.add("basepkg", "3.0")
+    arch.add("kitpkg", "2.0ubuntu0.1", "libdep (>= 1.0)", suite="jammy-updates")
+    arch.index()
+    reg = _registry(tmp_path, arch)
+    data = dataclasses.replace(
+        reg.kit.apt.releases["test-1"], distribution="Ubuntu", version="22.04", codename="jammy",
+        suites=["{codename}", "{codename}-updates"],
+    )  # fmt: skip
+    reg = dataclasses.replace(
+        reg, kit=dataclasses.replace(reg.kit, apt=dataclasses.replace(reg.kit.apt, releases={"ubuntu-22.04": data}))
+    )
+    lock = json.loads(aptlock.write_lock(reg, "ubuntu-22.04", _mirror(arch)).read_text())
+    assert lock["distribution"] == "Ubuntu" and lock["version"] == "22.04"
+    assert lock["packages"]["kitpkg"]["version"] == "2.0ubuntu0.1"
+    assert lock["packages"]["kitpkg"]["pool"] == "jammy-updates/kitpkg_2.0ubuntu0.1_all.deb"
+    with pytest.raises(aptlock.AptLockError, match="APT_MIRROR"):
+        aptlock.mirror_sources(data, None)  # this machine's apt sources carry no jammy
