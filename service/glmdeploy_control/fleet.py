@@ -90,13 +90,16 @@ def package_drift(fp: dict[str, Any], root: Path) -> list[str]:
 
 
 def _apt(path: Path) -> tuple[str, str]:
-    """The node's kit packages in one value (equal on identical nodes: the release's repository,
-    named by its lock, and how many), and their drift from the lock ("" none)."""
+    """The node's kit packages in one value (equal on identical nodes: how many, the release's
+    repository named by its lock, a digest of each package's installed version), and their drift
+    from the lock ("" none)."""
     if not path.exists():
         return "not checked", ""
     data = json.loads(path.read_text())
     packages = data.get("packages", {})
-    return f"{len(packages)} packages from {data.get('lock', '?')}", str(data.get("drift", ""))
+    installed = "".join(f"{name}={entry.get('installed')}\n" for name, entry in sorted(packages.items()))
+    digest = hashlib.sha256(installed.encode()).hexdigest()[:8]
+    return f"{len(packages)} packages from {data.get('lock', '?')}, set {digest}", str(data.get("drift", ""))
 
 
 def _failure(result: dict[str, Any]) -> str:
