@@ -22,6 +22,10 @@ from glmdeploy.config import NodeConfig
 from glmdeploy.manifest import check_manifest, file_sha256
 
 UNIT_GLOBS = ("/etc/systemd/system/glmdeploy-*.service", "/etc/glmdeploy/supervisor.d/*.conf")
+#: Units of the balancer a node may also be (roles/load_balancer: glmdeploy-lb-health, -lb-keys): the
+#: host's other role, not the node's; with them a node that is also the balancer differed from the
+#: other nodes of its profile in make verify's units row.
+BALANCER_UNITS = "glmdeploy-lb-"
 
 
 def _os_release() -> str:
@@ -118,9 +122,16 @@ def _image() -> str:
     return os.environ.get("GLMDEPLOY_IMAGE", "") or "none"
 
 
+def node_units(root: Path = Path("/")) -> list[Path]:
+    """The node's own unit (or supervisor program) files under `root`, the balancer's left out."""
+    return sorted(
+        p for pattern in UNIT_GLOBS for p in root.glob(pattern.lstrip("/")) if not p.name.startswith(BALANCER_UNITS)
+    )
+
+
 def collect(node: NodeConfig, release: Path, golden_dir: Path) -> dict[str, object]:
     packages = installed_packages()
-    units = sorted(p for pattern in UNIT_GLOBS for p in Path("/").glob(pattern.lstrip("/")))
+    units = node_units()
     model = Path(node.model_dir)
     return {
         "os": _os_release(),

@@ -359,6 +359,11 @@ def test_verify_prints_one_table_with_both_profiles_side_by_side(fleet):
 
     assert cells("node exporter") == ["up"] * len(HOSTS)
     assert cells("prober") == ["up, generating"] * len(HOSTS)
+    # Nodes of one profile are identical: one value in every row (the balancer's host among them).
+    if len(CPU_HOSTS) > 1:
+        fields = [line.split("|")[1].strip() for line in proc.stdout.splitlines() if line.startswith("| ")][1:]
+        split = {f: cells(f)[: len(CPU_HOSTS)] for f in fields if f not in ("field", "---")}
+        assert {f: v for f, v in split.items() if len(set(v)) > 1} == {}, f"cpu nodes differ: {split}"
     apt = cells("apt")
     assert all(re.fullmatch(r"\d+ packages from debian-12-[0-9a-f]{12}, set [0-9a-f]{8}", cell) for cell in apt), apt
     assert len({cell.split(" from ")[1].split(",")[0] for cell in apt}) == 1, (

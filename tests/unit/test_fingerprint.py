@@ -38,3 +38,14 @@ def test_the_lock_is_read_from_the_releases_environment_not_the_kits_venv(tmp_pa
     (old / "venv").symlink_to("../../envs/e1/venv")  # a release made before the kit was a wheel
     for release in (new, old):
         assert fingerprint._environment(release).resolve() == (tmp_path / "envs" / "e1" / "venv").resolve()
+
+
+def test_a_node_that_is_also_the_balancer_has_the_units_row_of_the_other_nodes(tmp_path):
+    for root, names in ((tmp_path / "lb", ["chat_ui", "lb-health", "lb-keys"]), (tmp_path / "node", ["chat_ui"])):
+        units = root / "etc/systemd/system"
+        units.mkdir(parents=True)
+        for name in names:
+            (units / f"glmdeploy-{name}.service").write_text(f"[Service]\nExecStart=/bin/{name.split('-')[0]}\n")
+    lb, node = fingerprint.node_units(tmp_path / "lb"), fingerprint.node_units(tmp_path / "node")
+    assert [p.name for p in lb] == ["glmdeploy-chat_ui.service"]
+    assert fingerprint.units_digest(lb, set()) == fingerprint.units_digest(node, set())
