@@ -44,6 +44,9 @@ FIELDS = (
 # The node's exporters (roles/node_metrics, tasks_from: status): not held to the other hosts, a
 # value that says down or not generating is a problem of its own.
 EXPORTER_FIELDS = ("node exporter", "prober", "gpu exporter")
+#: Installers of the apt packages a node's host has for another role than the node's (the balancer,
+#: the monitoring host): left out of the apt row's value, still held to the lock.
+HOST_ROLES = ("load_balancer", "nginx_exporter", "monitoring")
 
 
 def _digest(path: Path) -> str:
@@ -91,12 +94,13 @@ def package_drift(fp: dict[str, Any], root: Path) -> list[str]:
 
 def _apt(path: Path) -> tuple[str, str]:
     """The node's kit packages in one value (equal on identical nodes: how many, the release's
-    repository named by its lock, a digest of each package's installed version), and their drift
-    from the lock ("" none)."""
+    repository named by its lock, a digest of each package's installed version), and the drift
+    from the lock of every kit package on the host ("" none). The packages of the host's other
+    roles (a balancer's nginx, a monitoring host's Prometheus) are checked, not compared."""
     if not path.exists():
         return "not checked", ""
     data = json.loads(path.read_text())
-    packages = data.get("packages", {})
+    packages = {n: e for n, e in data.get("packages", {}).items() if e.get("installer") not in HOST_ROLES}
     installed = "".join(f"{name}={entry.get('installed')}\n" for name, entry in sorted(packages.items()))
     digest = hashlib.sha256(installed.encode()).hexdigest()[:8]
     return f"{len(packages)} packages from {data.get('lock', '?')}, set {digest}", str(data.get("drift", ""))

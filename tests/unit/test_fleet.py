@@ -196,7 +196,7 @@ def test_a_fleet_without_exporter_reports_says_not_checked_without_a_problem(fle
     assert report["problems"] == [] and report["hosts"]["node1"]["prober"] == "not checked"
 
 
-def _apt_report(reports, host, nginx="1.22.1-9+deb12u12", drift=""):
+def _apt_report(reports, host, nginx="1.22.1-9+deb12u12", drift="", nftables="1.0.6-2+deb12u2"):
     (reports / host / "apt.json").write_text(
         json.dumps(
             {
@@ -204,7 +204,7 @@ def _apt_report(reports, host, nginx="1.22.1-9+deb12u12", drift=""):
                 "lock": "debian-12-4e46d9bebee3",
                 "packages": {
                     "nftables": {
-                        "installed": "1.0.6-2+deb12u2",
+                        "installed": nftables,
                         "locked": "1.0.6-2+deb12u2",
                         "installer": "node_firewall",
                     },
@@ -224,14 +224,10 @@ def test_identical_nodes_show_one_apt_value_and_a_package_changed_in_place_names
     assert report["problems"] == []
     row = next(line for line in markdown(report).splitlines() if line.startswith("| apt |"))
     cells = [cell.strip() for cell in row.split("|")[2:4]]
-    assert cells[0] == cells[1] and cells[0].startswith("2 packages from debian-12-4e46d9bebee3, set "), row
-    _apt_report(
-        reports, "node2", nginx="1.22.1-9+deb12u2", drift="nginx installed 1.22.1-9+deb12u2, locked 1.22.1-9+deb12u12"
-    )
+    assert cells[0] == cells[1] and cells[0].startswith("1 packages from debian-12-4e46d9bebee3, set "), row
+    _apt_report(reports, "node2", nftables="1.0.6-2", drift="nftables installed 1.0.6-2, locked 1.0.6-2+deb12u2")
     report = build(reports, ROOT, models)
-    assert report["problems"] == [
-        "node2: apt: not the apt lock: nginx installed 1.22.1-9+deb12u2, locked 1.22.1-9+deb12u12"
-    ]
+    assert report["problems"] == ["node2: apt: not the apt lock: nftables installed 1.0.6-2, locked 1.0.6-2+deb12u2"]
     assert report["hosts"]["node1"]["apt"] != report["hosts"]["node2"]["apt"], (
         "the changed version is in the row's value"
     )
@@ -241,3 +237,24 @@ def test_a_node_without_an_apt_report_says_not_checked(fleet):
     reports, models = fleet
     report = build(reports, ROOT, models)
     assert report["hosts"]["node1"]["apt"] == "not checked" and report["problems"] == []
+
+
+def test_a_node_that_is_also_the_balancer_shares_the_apt_value_of_its_profile(fleet):
+    reports, models = fleet
+    _apt_report(reports, "node1")
+    data = json.loads((reports / "node1" / "apt.json").read_text())
+    del data["packages"]["nginx"]
+    (reports / "node2" / "apt.json").write_text(json.dumps(data))
+    report = build(reports, ROOT, models)
+    assert report["hosts"]["node1"]["apt"] == report["hosts"]["node2"]["apt"] and report["problems"] == []
+    assert report["hosts"]["node1"]["apt"].startswith("1 packages from ")
+
+
+def test_a_balancer_package_changed_in_place_is_named_though_left_out_of_the_compared_value(fleet):
+    reports, models = fleet
+    _apt_report(
+        reports, "node1", nginx="1.22.1-9+deb12u9", drift="nginx installed 1.22.1-9+deb12u9, locked 1.22.1-9+deb12u12"
+    )
+    _apt_report(reports, "node2")
+    problems = build(reports, ROOT, models)["problems"]
+    assert problems == ["node1: apt: not the apt lock: nginx installed 1.22.1-9+deb12u9, locked 1.22.1-9+deb12u12"]
