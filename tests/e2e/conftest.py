@@ -71,7 +71,9 @@ def make(*args: str, timeout: int = 1800, env: dict[str, str] | None = None) -> 
     # Its own process group: a run that overstays is stopped whole (make, ansible, ssh), not
     # left changing hosts behind the next test; its log says how far it got.
     pipe = subprocess.PIPE
-    full_env = {**os.environ, **(env or {})}
+    # This session owns the test hosts it makes: hosts left by a session killed before its
+    # teardown are removed by the next `make hosts` (tests/hosts/hostctl.py).
+    full_env = {**os.environ, "GLMDEPLOY_HOSTS_OWNER": str(os.getpid()), **(env or {})}
     with subprocess.Popen(cmd, stdout=pipe, stderr=pipe, text=True, start_new_session=True, env=full_env) as run:
         try:
             out, err = run.communicate(timeout=timeout)

@@ -289,9 +289,13 @@ def shot(page, name: str) -> None:
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
 
 
-def server_metric(api_url: str, name: str) -> float:
-    """One of the server's own gauges or counters, summed over its labels (its /metrics)."""
+def server_metric(api_url: str, name: str, label: str = "") -> float:
+    """One of the server's own gauges or counters, summed over its labels (its /metrics); with
+    `label` (`key="value"`), over the series that carry it only."""
     text = urllib.request.urlopen(api_url.rsplit("/v1", 1)[0] + "/metrics", timeout=10).read().decode()
+    if label:
+        text = "\n".join(line for line in text.splitlines() if label in line)
+        assert name in bench.metric_values(text), f"the server's /metrics has no {name}{{{label}}} series"
     return bench.metric_values(text).get(name, 0.0)
 
 
@@ -382,6 +386,7 @@ def test_chat_ui_trims_a_long_chat_refuses_a_too_long_message_stops_and_regenera
         # before it could be stopped is regenerated (at most 4 tries), never taken as stopped.
         for attempt in range(4):
             before = server_metric(node["api_url"], "vllm:generation_tokens_total")
+            ran_out = server_metric(node["api_url"], "vllm:request_success_total", 'finished_reason="length"')
             if attempt == 0:
                 send(page, "Tell me a very long story.")
             else:
@@ -412,7 +417,13 @@ def test_chat_ui_trims_a_long_chat_refuses_a_too_long_message_stops_and_regenera
             assert time.monotonic() < deadline, "the server still runs the stopped request after 30 s"
             time.sleep(0.2)
         generated = server_metric(node["api_url"], "vllm:generation_tokens_total") - before
-        assert generated < 1000, f"{generated} tokens generated: the stopped reply ran on toward its 2,048"
+        # The proof that the server aborted it: the request did not end by running out of its
+        # budget. Not a token count against a clock: a busy page answers the click late (1,814 of
+        # 2,048 tokens once, under CI's load) and the request was still aborted.
+        assert server_metric(node["api_url"], "vllm:request_success_total", 'finished_reason="length"') == ran_out, (
+            "the stopped request ran on to its 2,048-token budget: the server was not told to stop"
+        )
+        assert generated < 2048, f"{generated} tokens generated: the stopped reply ran its whole budget"
         shot(page, "reply-stopped")
 
         set_number(page, "Max new tokens", 16)

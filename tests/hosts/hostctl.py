@@ -75,6 +75,12 @@ NSPAWN_CONTAINERS_CONF = '[containers]\nkeyring = false\ncgroups = "disabled"\n'
 IMAGE_STORE = "/opt/glmdeploy/images"
 
 
+#: Who made the hosts up: the test session's PID and start time (the end-to-end tests set
+#: GLMDEPLOY_HOSTS_OWNER to their own PID), or none for `make hosts` by hand. Hosts whose session
+#: has ended were left by a run killed before its teardown: the next `up` removes them.
+OWNER = STATE / "owner.json"
+
+
 class HostError(RuntimeError):
     """A failure with a message for the person running the harness."""
 
@@ -304,6 +310,42 @@ def write_inventory(names: list[str], key: Path, suites: dict[str, str] | None =
     return inventory
 
 
+def started(pid: int) -> str | None:
+    """A live process's start time (field 22 of /proc/PID/stat: a PID alone may have been reused);
+    None for one that has ended (a zombie too: nothing may reap it where PID 1 is not an init)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def record_owner() -> None:
+    pid = os.environ.get("GLMDEPLOY_HOSTS_OWNER", "")
+    owner = {"pid": int(pid), "started": started(int(pid))} if pid.isdigit() else {"pid": None}
+    OWNER.write_text(json.dumps(owner) + "\n")
+
+
+def remove_leftovers() -> None:
+    """Remove hosts that a test session left behind when it was killed before its teardown; refuse
+    to touch hosts made by hand or in use by a session that still runs."""
+    hosts = sorted(p.name for p in STATE.glob("testhost*") if p.is_dir())
+    if not hosts:
+        return
+    owner = json.loads(OWNER.read_text()) if OWNER.exists() else {}
+    pid = owner.get("pid")
+    if "pid" in owner and pid is None:
+        raise HostError(f"{', '.join(hosts)} (made by `make hosts`) are up: run `make hosts-down` first")
+    if pid is not None and started(pid) == owner.get("started"):
+        raise HostError(
+            f"{', '.join(hosts)} are in use by a test run that is still going (PID {pid}): "
+            "wait for it to end, or stop it and run `make hosts-down`"
+        )
+    why = f"its run (PID {pid}) has ended" if pid is not None else "no run is recorded as their owner"
+    log(f"removing {', '.join(hosts)}, left up by an earlier run: {why}")
+    down()
+
+
 def up(count: int, debian13: int = 0) -> dict[str, object]:
     """`count` hosts; the last `debian13` of them run Debian 13 (the others Debian 12)."""
     if os.geteuid() != 0:
@@ -316,8 +358,10 @@ def up(count: int, debian13: int = 0) -> dict[str, object]:
     suites = {name: ("trixie" if i >= count - debian13 else "bookworm") for i, name in enumerate(names)}
     goldens = {suite: ensure_golden(suite) for suite in sorted(set(suites.values()))}
     golden_s = time.monotonic() - start
+    remove_leftovers()
     key = ensure_key()
     ensure_bridge()
+    record_owner()
     t0 = time.monotonic()
     for name in names:
         if (STATE / name / "pid").exists():
@@ -432,7 +476,7 @@ def down() -> None:
         log(f"{name} removed ({time.monotonic() - start:.1f}s)")
     log(f"controller services stopped ({time.monotonic() - start:.1f}s)")
     run("ip", "link", "del", BRIDGE, check=False)
-    for leftover in [*STATE.glob("inventory*.ini"), STATE / "hosts.json"]:
+    for leftover in [*STATE.glob("inventory*.ini"), STATE / "hosts.json", OWNER]:
         leftover.unlink(missing_ok=True)
 
 
