@@ -330,17 +330,19 @@ $(PROMTOOL): $(TOOLS)/.stamp
 	@dpkg -x $(TOOLS)/prometheus/deb/prometheus_*.deb $(TOOLS)/prometheus && rm -rf $(TOOLS)/prometheus/deb
 	@test -x $@ || { echo "ERROR: promtool not found in the prometheus package; fix: check this machine's apt sources (apt-get download prometheus)"; exit 2; }
 
-lint: tools $(PROMTOOL) ## ansible-lint (production profile), yamllint, ruff, mypy --strict on service/, playbook syntax check, role README tables up to date, the alerts' promtool tests
+lint: tools $(PROMTOOL) ## ansible-lint (production profile), yamllint, ruff, mypy --strict on service/, playbook syntax check (every playbook in playbooks/), role README and GPU class tables up to date, the registry's facts written once, the lints' own tests, the alerts' promtool tests
 	$(PROMTOOL) check rules roles/monitoring/files/rules/*.yml
 	$(PROMTOOL) test rules tests/monitoring/rules.test.yml
 	yamllint -s .
 	ansible-lint --profile production --strict playbooks roles tests/scenarios
-	ansible-playbook -i playbooks/localhost.ini --syntax-check playbooks/site.yml playbooks/undeploy.yml playbooks/smoke.yml playbooks/driver.yml playbooks/baseline.yml playbooks/output_lock.yml playbooks/soak.yml playbooks/lb.yml playbooks/rollout.yml playbooks/rollback.yml playbooks/releases.yml playbooks/image_smoke.yml playbooks/monitor.yml playbooks/keys.yml playbooks/firewall.yml
+	ansible-playbook -i playbooks/localhost.ini --syntax-check $(shell grep -l '^- ' playbooks/*.yml)
 	ruff check service smoke_tests tests constraints roles plugins library module_utils
 	$(TOOLS)/bin/mypy --config-file service/pyproject.toml service/glmdeploy service/glmdeploy_control module_utils tests/support/fixture_model
 	$(TOOLS)/bin/python tests/lint/role_docs.py --check
 	$(TOOLS)/bin/python tests/lint/facts.py
 	$(TOOLS)/bin/python tests/lint/single_source.py
+	$(TOOLS)/bin/python -m glmdeploy_control.gpu_docs --check
+	$(TOOLS)/bin/python -m pytest -q -p no:cacheprovider tests/lint/test_lints.py
 	ruff format --check service smoke_tests tests constraints roles plugins library module_utils
 
 unit: tools $(REFENV_READY) fixture ## Unit tests of service/ and the lock tooling

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from glmdeploy import bench
+from glmdeploy import bench, nodefacts
 from glmdeploy.client import ApiClient
 from glmdeploy.config import NodeConfig
 
@@ -22,7 +22,7 @@ BASELINES = Path(__file__).with_name("baselines")
 
 
 def test_throughput_is_within_the_baseline(client: ApiClient, node: NodeConfig, record_property) -> None:  # noqa: ANN001
-    key = f"{node.profile}-{bench.hardware_class(bench.hardware())}"
+    key = f"{node.profile}-{nodefacts.node_hardware_class(node)}"
     path = BASELINES / f"{key}.json"
     if not path.exists():
         pytest.skip(f"no throughput baseline for {key} in {BASELINES.name}/: record one with `make baseline`")

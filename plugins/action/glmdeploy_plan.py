@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 
 try:
@@ -51,6 +52,7 @@ class ActionModule(ActionBase):
                 python_path=str(args["python"]),
                 probe=registry.parse_probe(probed.get("stdout", "")),
                 runtime=str(args.get("runtime") or "venv"),
+                require_gpu=boolean(args.get("require_gpu", True)),
             )
         except registry.RegistryError as exc:
             raise AnsibleActionFail(

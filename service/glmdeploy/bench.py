@@ -20,7 +20,6 @@ import itertools
 import json
 import math
 import os
-import platform
 import random
 import re
 import shlex
@@ -32,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from glmdeploy import loadgen, sizing
+from glmdeploy import loadgen, nodefacts, sizing
 from glmdeploy.client import ApiClient
 from glmdeploy.config import NodeConfig
 
@@ -205,38 +204,6 @@ def multiturn(
         "ttft_ms_median_per_turn": medians,
         "last_over_first": round(medians[-1] / medians[0], 2) if medians[0] else None,
     }
-
-
-def hardware() -> dict[str, Any]:
-    """What ran the server, when the bench runs on the node itself (GPU names via NVML when present)."""
-    info: dict[str, Any] = {"cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count()}
-    try:
-        model = [ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")]
-        info["cpu"] = model[0].split(":", 1)[1].strip() if model else info["cpu"]
-    except OSError:
-        pass
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        names = [pynvml.nvmlDeviceGetName(h) for h in handles]
-        info["gpus"] = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        info["driver"] = driver.decode() if isinstance(driver, bytes) else str(driver)
-    except Exception:
-        info["gpus"] = []
-    return info
-
-
-def hardware_class(info: dict[str, Any]) -> str:
-    """Baselines are kept per class: the GPU model and count, or the CPU count on GPU-less nodes."""
-    gpus = info.get("gpus") or []
-    if gpus:
-        # The sizing classes (rtx-4090, a10, h200, ...) name known cards; another card keeps its own name.
-        name = sizing.classify(gpus[0]) or gpus[0].lower().replace("nvidia", "").strip().replace(" ", "-")
-        return f"{name}x{len(gpus)}"
-    return f"cpu{info.get('cpu_count')}"
 
 
 #: Goodput's targets unless given (--slo-*): a first token within a second, then faster than
@@ -665,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
     if not client.health():
         print(f"error: no server answers at {client.base_url} (is the node deployed and running?)", file=sys.stderr)
         return 2
-    info = hardware()
+    info = nodefacts.hardware()
     meta = {
         "command": shlex.join(["python", "-m", "glmdeploy.bench", *(argv if argv is not None else sys.argv[1:])]),
         "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -674,7 +641,9 @@ def main(argv: list[str] | None = None) -> int:
         "model": client.model,
         "seed": SEED,
         "hardware": info,
-        "hardware_class": hardware_class(info),
+        "hardware_class": nodefacts.hardware_class(
+            info, sizing.classes_from(settings.get("gpu", {}).get("classes", {}))
+        ),
         "versions": server_versions(client),
         "settings": settings,
     }

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from glmdeploy import bench
+from glmdeploy import bench, nodefacts
 from glmdeploy.client import ApiClient
 from glmdeploy.config import NodeConfig
 from glmdeploy.prompt import PromptBuilder, load_tokenizer
@@ -122,7 +122,7 @@ def record(
     return {
         "model": node.model_name,
         "profile": node.profile,
-        "hardware_class": bench.hardware_class(bench.hardware()),
+        "hardware_class": nodefacts.node_hardware_class(node),
         "max_model_len": limit,
         "max_tokens": MAX_TOKENS,
         "top": TOP,
@@ -187,7 +187,7 @@ def _compare_tokens(name: str, want: dict[str, Any], got: dict[str, Any], result
 
 def recording_path(root: Path, node: NodeConfig) -> Path:
     """Where the recording of this node's model, profile and hardware class lives under smoke_tests/outputs/."""
-    return root / node.model_name / f"{node.profile}-{bench.hardware_class(bench.hardware())}.json"
+    return root / node.model_name / f"{node.profile}-{nodefacts.node_hardware_class(node)}.json"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from glmdeploy import bench, soak
+from glmdeploy import nodefacts
 from glmdeploy.client import ApiClient, ServerError, ServerUnavailable
 from glmdeploy.config import NodeConfig
 from glmdeploy.prompt import PromptBuilder, load_tokenizer
@@ -141,7 +141,7 @@ class NodeFacts:
 
 
 def update_node_gauges(facts: NodeFacts, metrics: ProbeMetrics) -> None:
-    memory = soak.service_memory_mb()
+    memory = nodefacts.service_memory_mb()
     if memory is not None:
         metrics.memory.labels("pss").set(memory * 2**20)
     try:
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     node = NodeConfig.load(args.config)
     client = ApiClient.for_node(node, timeout_s=args.timeout)
     builder = PromptBuilder.from_tokenizer(load_tokenizer(node.model_dir, node.trust_remote_code))
-    facts = NodeFacts(args.kit_root, args.baselines, f"{node.profile}-{bench.hardware_class(bench.hardware())}")
+    facts = NodeFacts(args.kit_root, args.baselines, f"{node.profile}-{nodefacts.node_hardware_class(node)}")
     metrics = ProbeMetrics.create()
     start_http_server(args.port, addr=args.listen, registry=metrics.registry)
     print(f"probing {client.base_url} every {args.interval:g}s; metrics on {args.listen}:{args.port}", flush=True)

@@ -19,7 +19,6 @@ above its first third's (after warm-up). It runs on the node (`make soak`), wher
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import random
 import re
@@ -31,14 +30,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from glmdeploy import bench, procguard
+from glmdeploy import bench, nodefacts
 from glmdeploy.client import ApiClient
 from glmdeploy.config import NodeConfig
 
 #: Request shapes (prompt tokens, output tokens), drawn in turn from a seeded generator: a short
 #: question, a chat turn with its history, a long document with a question, a long answer.
 MIX: tuple[tuple[int, int], ...] = ((64, 64), (512, 128), (2048, 128), (256, 256))
-SERVICE = "vllm_server"
+SERVICE = nodefacts.SERVICE
 #: One request as the soak records it: when it ended (s into the run), its TTFT (s; None: it
 #: failed), its output tokens, its error (empty when it succeeded).
 Request = tuple[float, float | None, int, str]
@@ -74,45 +73,6 @@ class Sample:
     gpu_mb: float | None
 
 
-def service_memory_mb(service: str = SERVICE) -> float | None:
-    """PSS of every process of the service's runs in MB (shared pages counted once); None when no
-    process of it is found here (the load goes to another machine, or the server is down)."""
-    import psutil  # every node lock has it (a dependency of vLLM)
-
-    total, seen = 0, False
-    for pid in procguard.processes(service):
-        try:
-            total += psutil.Process(pid).memory_full_info().pss
-            seen = True
-        except (psutil.Error, OSError):
-            continue
-    return round(total / 2**20, 1) if seen else None
-
-
-@functools.cache
-def _gpus() -> tuple[Any, list[Any]] | None:
-    """NVML and the node's GPU handles, looked up once per soak; None where NVML does not answer."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return pynvml, [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-    except Exception:
-        return None
-
-
-def gpu_memory_mb() -> float | None:
-    """GPU memory in use on all of the node's GPUs in MB, where NVML answers."""
-    gpus = _gpus()
-    if gpus is None:
-        return None
-    nvml, handles = gpus
-    try:
-        return round(float(sum(nvml.nvmlDeviceGetMemoryInfo(h).used for h in handles)) / 2**20, 1)
-    except Exception:
-        return None
-
-
 @dataclass
 class _Run:
     """What the load threads and the sampler record while the soak runs."""
@@ -141,7 +101,11 @@ def _stream(client: ApiClient, run: _Run, end: float, shapes: list[tuple[int, in
 def _sample(run: _Run, end: float, every_s: float, service: str) -> None:
     while True:
         run.samples.append(
-            Sample(round(time.perf_counter() - run.start, 1), service_memory_mb(service), gpu_memory_mb())
+            Sample(
+                round(time.perf_counter() - run.start, 1),
+                nodefacts.service_memory_mb(service),
+                nodefacts.gpu_memory_mb(),
+            )
         )
         if time.perf_counter() + every_s > end:
             return
@@ -359,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         "concurrency": args.concurrency,
         "mix": MIX,
         "gates": asdict(gates),
-        "hardware": bench.hardware(),
+        "hardware": nodefacts.hardware(),
         "versions": bench.server_versions(client),
         "windows": [asdict(w) for w in wins],
         "samples": [asdict(s) for s in samples],

@@ -115,8 +115,9 @@ def _failure(result: dict[str, Any]) -> str:
 
 
 def _outputs(results: list[dict[str, Any]]) -> str:
-    """The output check's verdict from the smoke results: match, no recording (its skip reason), or
-    what changed (the first finding, which the check puts on its assertion's first line)."""
+    """The output check's verdict from the smoke results: match, no recording (its skip reason), what
+    changed (the first finding, which the check puts on its assertion's first line), or the error
+    that kept it from running (an ImportError is not a change)."""
     found = [r for r in results if "test_outputs.py::" in str(r.get("test", ""))]
     if not found:
         return "not checked"
@@ -127,7 +128,9 @@ def _outputs(results: list[dict[str, Any]]) -> str:
         return str(result.get("reason", "skipped")).removeprefix("Skipped: ")
     first = _failure(result)
     marker = re.search(r"greedy outputs differ from \S+: ", first)
-    return "changed: " + (first[marker.end() :] if marker else first.split(": ", 1)[-1])
+    if marker is None:
+        return "could not run: " + first.split(": ", 1)[-1]
+    return "changed: " + first[marker.end() :]
 
 
 def build(reports: Path, root: Path, model_root: Path) -> dict[str, Any]:
@@ -174,6 +177,8 @@ def build(reports: Path, root: Path, model_root: Path) -> dict[str, Any]:
             marks[host]["apt"] = "not the apt lock: " + str(fp["_apt_drift"])
         if str(fp["outputs"]).startswith("changed"):
             marks[host]["outputs"] = "the greedy outputs differ from their recording (smoke_tests/outputs/)"
+        elif str(fp["outputs"]).startswith("could not run"):
+            marks[host]["outputs"] = f"the output check {fp['outputs']}"
         for field in EXPORTER_FIELDS:
             if str(fp[field]).startswith("down") or "NOT generating" in str(fp[field]) or "NVML" in str(fp[field]):
                 marks[host][field] = str(fp[field])

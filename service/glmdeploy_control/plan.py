@@ -2,8 +2,10 @@
 the inventory's choice and what the node reports (`registry.PROBE`).
 
 Every playbook starts with this plan (plugins/action/glmdeploy_plan.py sets it as the fact
-`glmdeploy_plan`), and the roles read these values from it instead of working them out again:
-before it, the GPU rule was written in four places by two rules, and the lock's name in seven.
+`glmdeploy_plan`), and it is the roles' one channel for what the registry says about a node: the
+profile's own table (`spec`), its units, logs, ports and packages, the driver branch. Before it,
+the GPU rule was written in four places by two rules, the lock's name in seven, and roles read
+the registry's profile tables directly 31 times beside the plan.
 
 A plan never fails on what the node is: a Python without a lock, or a GPU profile on a node
 without a GPU, goes into `problems`, which preflight turns into the deploy's error (so undeploy,
@@ -16,11 +18,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from glmdeploy_control.registry import Registry, RegistryError
+from glmdeploy_control.registry import Gpu, Registry, RegistryError
 
 AUTO = "auto"
 #: How a node runs its releases (glmdeploy_runtime): its own Python's venv, or the kit's image.
 RUNTIMES = ("venv", "container")
+_NO_GPU = Gpu(driver_branch="", min_driver="", min_memory_mib=0)
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,23 @@ class NodePlan:
     #: The node's own Python minor version (what glmdeploy_python reports), whatever the runtime.
     host_python: str = ""
     problems: list[str] = field(default_factory=list)
+    #: The GPU rule's verdict, one of `problems` ("" when the node may run the profile): the
+    #: driver role stops on it too, when run without preflight (make driver).
+    gpu_problem: str = ""
+    #: The profile's registry table ([profile.<name>]: model, packages, runtime, gpu, ...).
+    spec: dict[str, Any] = field(default_factory=dict)
+    #: Each kit unit's name and log file name, by service ([kit] unit and log patterns filled in).
+    units: dict[str, str] = field(default_factory=dict)
+    logs: dict[str, str] = field(default_factory=dict)
+    #: Each service's default port ([kit.services]); an inventory may set its own per service.
+    ports: dict[str, int] = field(default_factory=dict)
+    #: What node_base installs from the kit's apt repository for this profile and runtime.
+    base_packages: list[str] = field(default_factory=list)
+    #: The GPU classes the engine is sized for ([kit.gpu_classes]); none for a profile without a GPU.
+    gpu_classes: dict[str, Any] = field(default_factory=dict)
+    #: The NVIDIA driver branch: the profile's, or the GPU profile's where it has none (a host
+    #: that only stages the driver's packages).
+    driver_branch: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,9 +80,11 @@ def plan(
     python_path: str,
     probe: dict[str, str],
     runtime: str = "venv",
+    require_gpu: bool = True,
 ) -> NodePlan:
     """The plan of one node. `probe` is `registry.parse_probe` of `registry.PROBE` run there.
-    In the container runtime the release runs the image's Python, so that picks the lock."""
+    In the container runtime the release runs the image's Python, so that picks the lock.
+    `require_gpu` false lets a GPU profile's node lack a GPU (the rehearsal: docs/rehearsal.md)."""
     source = "auto" if profile == AUTO else "inventory"
     vendors = probe["pci_vendors"].split()
     name = registry.auto_profile(vendors) if profile == AUTO else profile
@@ -94,11 +116,18 @@ def plan(
             f"{python if python != 'missing' else 'missing or broken'}; profile {name} has locks for "
             f"Python {', '.join(spec.python)}. fix: install one of those and point glmdeploy_python at it." + container
         )
-    if spec.gpu is not None and not gpu_present:
-        problems.append(
+    gpu_problem = ""
+    if spec.gpu is not None and not gpu_present and require_gpu:
+        gpu_problem = (
             f"profile {name} needs an NVIDIA GPU, and {host} has no NVIDIA PCI device (vendor "
             f"{registry.kit.gpu_pci_vendor} under /sys/bus/pci/devices). fix: deploy to the GPU server you "
             f"meant, or deploy PROFILE={registry.kit.auto.none} to this host."
+        )
+        problems.append(gpu_problem)
+    if spec.gpu is not None and runtime == "container":
+        problems.append(
+            f"glmdeploy_runtime: container on {host} needs a profile without a GPU so far (the {name} image "
+            f"is rendered and checked, never run: images/README.md). fix: glmdeploy_runtime: venv for this host."
         )
     return NodePlan(
         profile=name,
@@ -113,4 +142,12 @@ def plan(
         runtime=runtime,
         host_python=host_python,
         problems=problems,
+        gpu_problem=gpu_problem,
+        spec=asdict(spec),
+        units={service: registry.unit_name(service) for service in registry.node_units()},
+        logs={service: registry.log_name(service) for service in registry.node_units()},
+        ports={service: svc.port for service, svc in registry.kit.services.items()},
+        base_packages=registry.apt_packages()["node_base/" + ("container" if runtime == "container" else name)],
+        gpu_classes={n: asdict(c) for n, c in registry.kit.gpu_classes.items()} if spec.gpu else {},
+        driver_branch=(spec.gpu or registry.profile(registry.kit.auto.gpu).gpu or _NO_GPU).driver_branch,
     )

@@ -25,6 +25,8 @@ from typing import Any, Literal
 
 import tomllib
 
+from glmdeploy.sizing import GpuClass, version_tuple
+
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PATH = ROOT / "constraints" / "profiles.toml"
 
@@ -125,6 +127,8 @@ class Kit:
     wheelhouse: str
     unit: str
     log: str
+    #: Units a node runs beside its services, with no port of their own (the firewall's rules).
+    node_units: list[str]
     served_model_name: str
     gpu_pci_vendor: str
     auto: Auto
@@ -134,6 +138,7 @@ class Kit:
     balancer: Balancer
     share: Share
     apt: Apt
+    gpu_classes: dict[str, GpuClass]
 
 
 @dataclass(frozen=True)
@@ -232,6 +237,10 @@ class Registry:
             sets[f"nvidia_driver/{distribution}"] = [n.format(branch=branch) for n in names]
         return sets
 
+    def node_units(self) -> list[str]:
+        """Every unit the kit puts on a node: its services in start order, then the portless ones."""
+        return [*self.kit.services, *self.kit.node_units]
+
     def unit_name(self, service: str) -> str:
         return self.kit.unit.format(service=service)
 
@@ -311,6 +320,12 @@ def parse(data: dict[str, Any], path: Path) -> Registry:
     registry = Registry(path=path, kit=kit, profiles=profiles, locks=locks)
     for outcome in (kit.auto.gpu, kit.auto.none):
         registry.profile(outcome)
+    for name, gpu_class in kit.gpu_classes.items():
+        if gpu_class.api_servers > 1 and version_tuple(gpu_class.api_servers_since) is None:
+            raise RegistryError(
+                f"[kit.gpu_classes.{name}]: api_servers = {gpu_class.api_servers} needs api_servers_since, the oldest "
+                'vLLM that takes --api-server-count (e.g. "0.26.0")'
+            )
     return registry
 
 

@@ -108,6 +108,11 @@ def test_second_deploy_changes_nothing_and_concurrent_ones_are_refused(deployed,
     recap = re.search(r"localhost\s*:\s*ok=\d+\s+changed=(\d+)", again.stdout)
     assert recap and recap.group(1) == "0", f"second deploy changed something: {recap and recap.group(0)}"
     assert service_pids() == before and all(before.values()), "a service was restarted by a no-op deploy"
+    # The last lines a user sees are the node's URLs and its smoke result (plugins/callback/glmdeploy_summary.py).
+    tail = "\n".join(again.stdout.splitlines()[-15:])
+    assert re.search(r"UI: +http://127\.0\.0\.1:\d+", tail), tail
+    assert re.search(r"API: +http://127\.0\.0\.1:\d+/v1", tail), tail
+    assert re.search(r"smoke: +.*\b\d+ passed", tail), tail
     FIGURES["make deploy, re-run with changed=0 (s)"] = round(again.elapsed, 1)  # type: ignore[attr-defined]
 
 

@@ -85,7 +85,7 @@ REASON = "gpu-cu121 rehearsal on a test host, the GPU executor of vLLM is a stan
 # model, and what a host without a card needs (no GPU check, no driver module to load).
 GPU_VARS = (
     f"glmdeploy_profile=gpu-cu121 vllm_server_gpu_class=rtx-4090 model_name=chatglm3-rehearsal"
-    f" preflight_require_gpu=false nvidia_driver_gpu_present=false"
+    f" glmdeploy_require_gpu=false"
     f" vllm_server_extra_env={{}} smoke_gpu_absent_reason='{REASON}'"
 )
 

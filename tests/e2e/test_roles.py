@@ -176,11 +176,11 @@ def driver_scenario() -> None:
     name = "nvidia_driver"
     lock = json.loads((ROOT / "constraints" / "apt" / "debian-12.lock").read_text())
     locked = lock["packages"]["nvidia-kernel-dkms"]["version"]
-    base = ("-e", "nvidia_driver_gpu_present=false")
+    base = ()  # the host has no GPU: its plan says so, and the role stages the packages only
     syntax(name)
-    refused = ansible(name, "converge")
+    refused = ansible(name, "converge", "-e", "glmdeploy_profile=gpu-cu121")
     assert refused.returncode != 0 and "has no NVIDIA PCI device" in refused.stdout, tail(refused)
-    assert "nvidia_driver_gpu_present: false" in refused.stdout
+    assert "PROFILE=cpu to this host" in refused.stdout and changed(refused.stdout) == 0, tail(refused)
     converge(name, *base)
     idempotence(name, *base)
     verify(name, "-e", f"nvidia_driver_expected_version={locked}")

@@ -11,7 +11,8 @@ from those two files and placed between two marker comments:
 
 Everything outside the markers is written by people and never touched. ``--check`` (run by
 ``make lint``) fails, naming each role, when a README is missing, lacks the markers, or holds a
-table that differs from what ``--write`` would put there now.
+table that differs from what ``--write`` would put there now (named by its first line that differs,
+with what belongs there: usually the row of the setting that was added or changed).
 
 Defaults column: the spec's ``default`` where it gives one, else the value of ``defaults/main.yml``.
 Ansible applies ``defaults/main.yml`` and never a spec default, so where the two differ the cell
@@ -26,6 +27,7 @@ described by the comment lines directly above each key, and says that Ansible do
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 import sys
@@ -43,6 +45,8 @@ WRITE_COMMAND = ".venv/tools/bin/python tests/lint/role_docs.py --write"
 # Longest rendering of a default before it is shortened (characters inside the code span).
 VALUE_LIMIT = 80
 NONE = "—"
+# How much of a stale table's wanted line a --check message shows.
+LINE_SHOWN = 160
 
 
 class _Missing:
@@ -358,8 +362,22 @@ def process(roles_dir: Path, write: bool) -> tuple[list[str], list[str]]:
             readme.write_text(wanted, encoding="utf-8")
             rewritten.append(display(readme))
         else:
-            problems.append(f"{display(readme)}: the variables table is stale (fix: {WRITE_COMMAND})")
+            number, expected = first_difference(text, wanted)
+            problems.append(
+                f"{display(readme)}:{number}: the variables table is stale: the spec and defaults give "
+                f"{expected[:LINE_SHOWN]!r} here (fix: {WRITE_COMMAND})"
+            )
     return problems, rewritten
+
+
+def first_difference(text: str, wanted: str) -> tuple[int, str]:
+    """The first line (1-based) where the README differs from what --write would make, and that line's
+    wanted text ("" where the table should end sooner), so a stale table points at the setting."""
+    have, want = text.splitlines(), wanted.splitlines()
+    for number, (line, expected) in enumerate(itertools.zip_longest(have, want, fillvalue=None), 1):
+        if line != expected:
+            return number, expected or ""
+    return len(want), ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -31,6 +31,7 @@ SERVICE = Path(__file__).resolve().parents[2] / "service"
 if str(SERVICE) not in sys.path:  # run as `python3 tests/rehearsal/run_rehearsal.py` from a checkout
     sys.path.insert(0, str(SERVICE))
 from glmdeploy import sse  # noqa: E402  (stdlib only: any python3 runs it)
+from glmdeploy_control import registry  # noqa: E402  (stdlib only too)
 
 HOST = "127.0.0.1"
 SERVED = "chatglm3-6b-32k"
@@ -41,8 +42,24 @@ ENGINE_LINE = re.compile(r"Initializing an LLM engine \(v0\.4\.3\) with config: 
 BANNER = "glmdeploy rehearsal: GPU executor replaced by the stand-in (no model math)"
 
 
+#: The registry's GPU classes as a JSON file (what a node has in its node.json), for the sizing
+#: and the stand-in, which run outside a deployed node here.
+CLASSES_FILE = Path(os.environ.get("TMPDIR", "/tmp")) / "glmdeploy-rehearsal-gpu-classes.json"
+
+
 def tp_args(tensor_parallel: int) -> list[str]:
-    return ["--tensor-parallel", str(tensor_parallel)]
+    """The sizing's arguments: the class table, the context length and the parallelism."""
+    kit = registry.load()
+    CLASSES_FILE.write_text(json.dumps(kit.to_dict()["kit"]["gpu_classes"]))
+    max_model_len = kit.profile(kit.kit.auto.gpu).runtime.max_model_len  # type: ignore[union-attr]
+    return [
+        "--classes",
+        str(CLASSES_FILE),
+        "--max-model-len",
+        str(max_model_len),
+        "--tensor-parallel",
+        str(tensor_parallel),
+    ]
 
 
 def sizing_args(venv: Path, gpu_class: str, tensor_parallel: int) -> list[str]:
@@ -85,6 +102,7 @@ def server_env(scratch: Path, gpu_class: str) -> dict[str, str]:
         XDG_CACHE_HOME=str(cache),
         TMPDIR=str(scratch / "tmp"),
         GLMDEPLOY_REHEARSAL_GPU_CLASS=gpu_class,
+        GLMDEPLOY_REHEARSAL_CLASSES=str(CLASSES_FILE),
         # The launcher's PYTHONPATH is the release's app dir: the kit's code, glmdeploy.sizing included.
         PYTHONPATH=str(SERVICE),
     )

@@ -69,20 +69,19 @@ FALLBACK_GPU_BLOCKS = 13_656
 
 
 def _predicted_kv_bytes(
-    gpu_class: str, utilization: float, batched_tokens: int, tensor_parallel: int
+    gpu_class: str, utilization: float, batched_tokens: int, tensor_parallel: int, max_model_len: int
 ) -> tuple[int, int | None] | None:
     """KV-cache bytes per GPU by the kit's sizing formula applied to the engine's own settings, and the tokens
-    the kit's sizing table gives for the class (None when the class cannot be sized); None without the kit."""
+    the kit's sizing table gives for the class (None when the class cannot be sized); None without the kit.
+    The classes are the node's (its node.json), or those of the JSON file GLMDEPLOY_REHEARSAL_CLASSES names."""
     try:
         from glmdeploy import sizing
     except ImportError:
         return None
-    if gpu_class not in sizing.GPU_CLASSES:
-        raise ValueError(
-            f"GLMDEPLOY_REHEARSAL_GPU_CLASS={gpu_class!r} is not a class of glmdeploy.sizing"
-            f" ({', '.join(sizing.GPU_CLASSES)})"
-        )
-    memory = int(sizing.GPU_CLASSES[gpu_class]["memory_mib"]) * sizing.MIB  # type: ignore[call-overload]
+    classes = sizing.load_classes(os.environ.get("GLMDEPLOY_REHEARSAL_CLASSES"))
+    if gpu_class not in classes:
+        raise ValueError(f"GLMDEPLOY_REHEARSAL_GPU_CLASS={gpu_class!r} is not a GPU class ({', '.join(classes)})")
+    memory = classes[gpu_class].memory_mib * sizing.MIB
     kv_bytes = (
         memory * utilization
         - sizing.WEIGHT_BYTES / tensor_parallel
@@ -90,7 +89,7 @@ def _predicted_kv_bytes(
         - sizing.FIXED_OVERHEAD_BYTES
     )
     try:
-        table_tokens: int | None = sizing.for_class(gpu_class, tensor_parallel).kv_cache_tokens
+        table_tokens: int | None = sizing.for_class(gpu_class, classes, max_model_len, tensor_parallel).kv_cache_tokens
     except ValueError:  # the class cannot hold a 32k context at that parallelism
         table_tokens = None
     return int(kv_bytes), table_tokens
@@ -161,6 +160,7 @@ class StandinExecutorAsync(ExecutorAsyncBase):
             self.cache_config.gpu_memory_utilization,
             self.scheduler_config.max_num_batched_tokens,
             tp,
+            self.model_config.max_model_len,
         )
         if predicted is None:
             num_gpu_blocks = FALLBACK_GPU_BLOCKS

@@ -13,7 +13,7 @@ from typing import Any
 
 import jinja2
 
-from glmdeploy_control import registry
+from glmdeploy_control import plan, registry
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "roles" / "vllm_server" / "templates" / "node.json.j2"
@@ -24,8 +24,12 @@ def render(profile: str = "cpu", registry_file: Path = registry.DEFAULT_PATH, **
     reg = registry.load(registry_file)
     spec = reg.profile(profile)
     assert spec.runtime is not None
+    node = plan.plan(
+        reg, host="node1", profile=profile, python_path="python3", probe={"python": "3.11", "pci_vendors": ""}
+    )
     values: dict[str, Any] = {
         "glmdeploy_registry": reg.to_dict(),
+        "glmdeploy_plan": node.to_dict(),
         "glmdeploy_profile": profile,
         "vllm_server_host": "127.0.0.1",
         "vllm_server_port": reg.kit.services["vllm_server"].port,
@@ -44,6 +48,7 @@ def render(profile: str = "cpu", registry_file: Path = registry.DEFAULT_PATH, **
     }
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     env.filters["to_nice_json"] = lambda value: json.dumps(value, indent=4, sort_keys=True)
+    env.filters["combine"] = lambda value, other: {**value, **other}  # Ansible's, for two dicts
     return json.loads(env.from_string(TEMPLATE.read_text()).render(values))
 
 

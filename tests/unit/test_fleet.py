@@ -157,6 +157,17 @@ def test_changed_greedy_output_on_one_host_is_named_and_the_others_match(fleet):
     assert [p.split(":")[:2] for p in report["problems"]] == [["node2", " outputs"], ["node2", " smoke"]]
 
 
+def test_an_output_check_that_could_not_run_is_an_error_not_a_change(fleet):
+    reports, models = fleet
+    _smoke(reports, "node1", "passed")
+    message = "def test_greedy_outputs_match_the_recording(...):\nE   ImportError: cannot import name 'record' from 'x'"
+    _smoke(reports, "node2", "failed", message=message)
+    report = build(reports, ROOT, models)
+    error = "could not run: ImportError: cannot import name 'record' from 'x'"
+    assert report["hosts"]["node2"]["outputs"] == error
+    assert f"node2: outputs: the output check {error}" in report["problems"]
+
+
 def test_a_class_without_recording_is_said_in_the_table_without_failing_verify(fleet):
     reports, models = fleet
     for host in ("node1", "node2"):

@@ -11,7 +11,18 @@ from pathlib import Path
 import pytest
 from local_play import run_tasks
 
-NODE = {"ansible_service_mgr": "systemd", "node_firewall_enabled": True, "node_firewall_hosts": ["localhost"]}
+from glmdeploy_control import plan, registry
+
+#: What every playbook has before the role runs: the node's plan (its units among them).
+PLAN = plan.plan(
+    registry.load(), host="localhost", profile="cpu", python_path="python3", probe={"python": "3.11", "pci_vendors": ""}
+)
+NODE = {
+    "ansible_service_mgr": "systemd",
+    "node_firewall_enabled": True,
+    "node_firewall_hosts": ["localhost"],
+    "glmdeploy_plan": PLAN.to_dict(),
+}
 
 
 def firewall(tmp_path: Path, **settings: object) -> subprocess.CompletedProcess[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -187,3 +188,35 @@ def test_makefile_cli_reads_the_same_registry():
         check=False,
     )
     assert bad.returncode == 2 and "unknown profile 'rocm'" in bad.stderr
+
+
+def test_plan_carries_the_profiles_spec_units_ports_and_packages_roles_read():
+    reg = registry.load()
+    node = _plan(reg, GPU_HOST)
+    assert node.spec == dataclasses.asdict(reg.profiles[node.profile])
+    assert node.units["vllm_server"] == reg.unit_name("vllm_server")
+    assert set(node.units) == set(reg.kit.services) | set(reg.kit.node_units)
+    assert node.ports == {name: service.port for name, service in reg.kit.services.items()}
+    assert node.base_packages == [*reg.kit.packages, *reg.profiles[node.profile].packages]
+    assert node.driver_branch == reg.profiles[node.profile].gpu.driver_branch
+
+
+def test_gpu_profile_in_a_container_is_a_plan_problem_naming_the_venv_runtime():
+    node = plan.plan(
+        registry.load(),
+        host="node1",
+        profile="auto",
+        python_path="/usr/bin/python3",
+        probe=GPU_HOST,
+        runtime="container",
+    )
+    assert node.base_packages == registry.load().kit.image.host_packages
+    assert any("glmdeploy_runtime: venv for this host" in p for p in node.problems)
+
+
+def test_rehearsal_lets_a_gpu_profile_plan_a_node_without_a_gpu_and_the_driver_stages_only():
+    reg = registry.load()
+    kept = plan.plan(reg, host="n", profile="gpu-cu121", python_path="p", probe=CPU_HOST, require_gpu=False)
+    refused = _plan(reg, CPU_HOST, profile="gpu-cu121")
+    assert kept.problems == [] and kept.gpu_problem == "" and not kept.gpu_present
+    assert refused.gpu_problem in refused.problems and f"PROFILE={reg.kit.auto.none}" in refused.gpu_problem
