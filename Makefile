@@ -114,19 +114,20 @@ $(TOOLS)/.stamp: $(TOOLS_LOCK)
 
 # The lock's uv (pip installs it, hash-checked) installs the tool and reference environments:
 # the same hash-checked wheels as pip, from the same sources (the machine's pip configuration,
-# read by constraints/lock.py), in a third of pip's time (its cache outlives the checkout).
+# read by glmdeploy_control.lock), in a third of pip's time (its cache outlives the checkout).
 UV_INSTALL = $(TOOLS)/bin/uv pip install -q --python $(1)/bin/python --no-deps --require-hashes \
-  --only-binary :all: --compile-bytecode $$($(PYTHON) constraints/lock.py uv-args) -r $(2)
+  --only-binary :all: --compile-bytecode $$(PYTHONPATH=$(CURDIR)/service:$(CURDIR)/module_utils $(PYTHON) -m glmdeploy_control.lock uv-args) -r $(2)
 
-# The tool venvs use this checkout's own packages (service/glmdeploy, service/glmdeploy_control)
-# through a .pth file, the file an editable install writes for this layout: `python -m
+# The tool venvs use this checkout's own packages (service/glmdeploy, service/glmdeploy_control,
+# and module_utils' stdlib-only helpers they share with the Ansible modules) through a .pth file,
+# the file an editable install writes for this layout: `python -m
 # glmdeploy.<module>` works with nothing set in the environment. Nodes get the wheel instead
 # (roles/python_env, tasks/kit.yml).
 CHECKOUT_PTH := lib/python3.11/site-packages/glmdeploy-checkout.pth
 $(TOOLS)/$(CHECKOUT_PTH): $(TOOLS)/.stamp
-	@echo "$(CURDIR)/service" > $@
+	@printf '%s\n' "$(CURDIR)/service" "$(CURDIR)/module_utils" > $@
 $(REFENV)/$(CHECKOUT_PTH): $(REFENV)/.stamp
-	@echo "$(CURDIR)/service" > $@
+	@printf '%s\n' "$(CURDIR)/service" "$(CURDIR)/module_utils" > $@
 REFENV_READY := $(REFENV)/$(CHECKOUT_PTH)
 
 tools: $(TOOLS)/.stamp $(TOOLS)/$(CHECKOUT_PTH) ## Bootstrap the tool venv (ansible, ansible-lint, yamllint, ruff, pytest, playwright)
@@ -138,11 +139,11 @@ $(REFENV)/.stamp: $(REFENV_LOCK) $(TOOLS)/.stamp
 	@touch $@
 
 lock: tools ## Re-resolve every constraints/*.in into hash-locked files (dated, reproducible), and each node OS release's apt lock (constraints/apt/; APT_MIRROR=<uri> for a release this machine's apt sources lack)
-	$(TOOLS)/bin/python constraints/lock.py lock
+	$(TOOLS)/bin/python -m glmdeploy_control.lock lock
 	$(APTLOCK) lock $(if $(APT_MIRROR),--mirror $(APT_MIRROR))
 
 lock-check: tools ## Fail if a committed lock differs from a fresh resolve (apt locks: from the registry; versions the mirror moved past are named)
-	$(TOOLS)/bin/python constraints/lock.py check
+	$(TOOLS)/bin/python -m glmdeploy_control.lock check
 	$(APTLOCK) check $(if $(APT_MIRROR),--mirror $(APT_MIRROR))
 
 # The kit's apt repository of a release's lock (artifacts/apt/), signed by the kit's key; a deploy
@@ -160,13 +161,13 @@ control-packages: ## Install what the control node needs to build the kit's apt 
 	  DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(CONTROL_PACKAGES) >/dev/null; fi
 
 wheelhouse: tools ## Download the wheels of PROFILE's lock once, on the control node, and verify them
-	$(TOOLS)/bin/python constraints/lock.py wheelhouse --profile $(PROFILE) --python $(NODE_PY) --dest $(WHEELHOUSE) --cache "$(WHEEL_CACHE)"
+	$(TOOLS)/bin/python -m glmdeploy_control.lock wheelhouse --profile $(PROFILE) --python $(NODE_PY) --dest $(WHEELHOUSE) --cache "$(WHEEL_CACHE)"
 
 # The generated models' files all carry one fixed time (deterministic trees), so make cannot judge
 # them by their times: a stamp beside each says when it was made, and a missing model is made
 # again whatever its stamp says. (Without the stamps every make that needed the fixture made it
 # again, swapping the directory under a server that was loading it.)
-FIXTURE_SOURCES := $(REFENV_READY) $(filter-out %/full_size.py,$(wildcard tests/support/fixture_model/*.py)) service/glmdeploy/chatglm3.py $(wildcard tests/support/fixture_model/fixture_files/*.py)
+FIXTURE_SOURCES := $(REFENV_READY) $(filter-out %/full_size.py,$(wildcard tests/support/fixture_model/*.py)) service/glmdeploy/model/chatglm3.py $(wildcard tests/support/fixture_model/fixture_files/*.py)
 FIXTURE_MADE    := $(ARTIFACTS)/models/.$(REG_FIXTURE_MODEL).made
 $(FIXTURE_MADE): $(FIXTURE_SOURCES) $(if $(wildcard $(FIXTURE)/SHA256SUMS),,FORCE)
 	@PYTHONPATH=tests/support $(REFENV)/bin/python -m fixture_model $(FIXTURE)
@@ -296,7 +297,7 @@ smoke: tools ## Run the smoke suite on every node of INVENTORY; reports land in 
 	ansible-playbook -i $(INVENTORY) playbooks/smoke.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 
 bench: tools ## Benchmark this node's server (or URL=... MODEL=...): a request-rate sweep with goodput (BENCH=matrix: concurrency levels); JSON + PNG in reports/bench/ (BENCH_ARGS=...)
-	$(TOOLS)/bin/python -m glmdeploy.bench $(if $(filter matrix,$(BENCH)),run,sweep) \
+	$(TOOLS)/bin/python -m glmdeploy.tools.bench $(if $(filter matrix,$(BENCH)),run,sweep) \
 	  $(if $(URL),--url $(URL) --model $(MODEL),--node-config $(NODE_CONFIG)) \
 	  --json reports/bench/$(if $(filter matrix,$(BENCH)),bench,sweep).json --plots reports/bench $(BENCH_ARGS)
 
@@ -308,7 +309,7 @@ soak: tools ## A bounded mixed load on every node of INVENTORY for DURATION (def
 	@rc=0; ansible-playbook -i $(INVENTORY) playbooks/soak.yml -e smoke_soak_duration=$(DURATION) \
 	  $(FORCE_PROFILE) $(ANSIBLE_ARGS) || rc=$$?; \
 	  for report in $(REPORTS)/soak/*/soak.json; do test -f $$report || continue; \
-	    $(TOOLS)/bin/python -m glmdeploy.soak plot --json $$report --out $$(dirname $$report); done; exit $$rc
+	    $(TOOLS)/bin/python -m glmdeploy.tools.soak plot --json $$report --out $$(dirname $$report); done; exit $$rc
 
 output-lock: tools ## Record the greedy outputs of INVENTORY's first node to the fixed prompt set (smoke_tests/outputs/<model>/<profile>-<class>.json)
 	ansible-playbook -i $(INVENTORY) playbooks/output_lock.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
@@ -399,10 +400,10 @@ hosts-prefetch: tools test-packages ## Build the test hosts' Debian rootfs in th
 
 # The wheelhouses the end-to-end tests deploy (cpu here and on the test hosts, gpu-cu121 on the
 # rehearsal host, 3.3 GB) download in the background while lint, lock check and unit tests run;
-# a deploy that needs one meanwhile waits for its download (constraints/lock.py holds a lock).
+# a deploy that needs one meanwhile waits for its download (glmdeploy_control.lock holds a lock).
 wheels-prefetch: tools ## Download every profile's wheelhouse for NODE_PY in the background (make test starts it)
 	@echo "==> downloading the wheelhouses of $(REG_PROFILE_LIST) in the background (reports/wheels-prefetch.log)"
-	@mkdir -p reports; nohup sh -c '$(foreach p,$(REG_PROFILE_LIST),$(TOOLS)/bin/python constraints/lock.py wheelhouse \
+	@mkdir -p reports; nohup sh -c '$(foreach p,$(REG_PROFILE_LIST),$(TOOLS)/bin/python -m glmdeploy_control.lock wheelhouse \
 	  --profile $(p) --python $(NODE_PY) --dest $(ARTIFACTS)/wheelhouse/$(REG_WHEELHOUSE.$(p)) --cache "$(WHEEL_CACHE)";)' \
 	  > reports/wheels-prefetch.log 2>&1 &
 
@@ -441,7 +442,7 @@ test: ## Everything CI runs: system packages, lint, lock re-resolve check, unit 
 # admin's `pip install` would, and the next deploy must name and repair it.
 REFENV_WHEELHOUSE_MADE := $(ARTIFACTS)/wheelhouse/.$(REG_REFENV_WHEELHOUSE).made
 $(REFENV_WHEELHOUSE_MADE): $(REFENV_LOCK) $(TOOLS)/.stamp
-	$(TOOLS)/bin/python constraints/lock.py wheelhouse --profile tokenizer-ref --python $(CONTROL_PY) \
+	$(TOOLS)/bin/python -m glmdeploy_control.lock wheelhouse --profile tokenizer-ref --python $(CONTROL_PY) \
 	  --dest $(ARTIFACTS)/wheelhouse/$(REG_REFENV_WHEELHOUSE) --cache "$(WHEEL_CACHE)"
 	@touch $@
 
@@ -458,7 +459,7 @@ hosts-status: tools ## List the test hosts
 	$(HOSTCTL) status
 
 tokenizer-lock: $(REFENV_READY) model ## Record the tokenizer golden file of PROFILE's model with the pinned reference stack
-	$(REFENV)/bin/python -m glmdeploy.golden record $(MODEL_DIR) \
+	$(REFENV)/bin/python -m glmdeploy.model.golden record $(MODEL_DIR) \
 	  $(if $(shell grep -qs "\"auto_map\"" $(MODEL_DIR)/config.json && echo yes),--trust-remote-code) --output smoke_tests/golden/$(notdir $(MODEL_DIR)).json
 
 clean: ## Remove tool venvs and reports (keeps downloaded artifacts/)

@@ -11,10 +11,10 @@ store keeps it under the kit's name. An image already in the store under its ID 
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.glmdeploy_integrity import file_sha256
 
 DOCUMENTATION = r"""
 module: glmdeploy_image
@@ -31,14 +31,6 @@ RETURN = r"""
 image_id: {description: the image's ID in the store, type: str}
 loaded: {description: true when the archive was loaded by this run, type: bool}
 """
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def present_id(podman: list[str], ref: str) -> str | None:

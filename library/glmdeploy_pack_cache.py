@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.glmdeploy_integrity import file_sha256, place
 
 DOCUMENTATION = r"""
 module: glmdeploy_pack_cache
@@ -53,16 +52,6 @@ published: {description: names renamed into pack_dir with their SHA256 (none whe
 pruned: {description: names removed from the cache (beyond keep, or not matching their SHA256), type: list}
 """
 
-CHUNK = 8 << 20
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
 
 def recorded_sha256(sums: Path) -> str:
     """The digest in a `sha256sum` line (`<hex>  <name>`); empty when unreadable."""
@@ -70,17 +59,6 @@ def recorded_sha256(sums: Path) -> str:
         return sums.read_text(encoding="utf-8").split()[0]
     except (OSError, IndexError):
         return ""
-
-
-def place(src: Path, dest: Path) -> None:
-    """`dest` becomes `src`'s bytes: a hard link where possible, else a copy; renamed into place."""
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.partial")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(src, tmp)
-    except OSError:
-        shutil.copyfile(src, tmp)
-    tmp.replace(dest)
 
 
 def place_pack(name: str, src_dir: Path, dest_dir: Path) -> None:
@@ -117,7 +95,7 @@ def publish(name: str, pack_dir: Path, partial: Path, check: bool) -> list[str]:
         if published():
             partial.unlink(missing_ok=True)
             return []
-        digest = sha256_of(partial)
+        digest = file_sha256(partial)
         partial.replace(pack_dir / name)
         sums = pack_dir / f".{name}.sha256.{os.getpid()}.partial"
         sums.write_text(f"{digest}  {name}\n", encoding="utf-8")
@@ -132,7 +110,7 @@ def restore(names: list[str], pack_dir: Path, cache: Path, check: bool) -> tuple
         if (pack_dir / f"{name}.sha256").is_file() or not (cache / f"{name}.sha256").is_file():
             continue
         pack = cache / name
-        if not pack.is_file() or sha256_of(pack) != recorded_sha256(cache / f"{name}.sha256"):
+        if not pack.is_file() or file_sha256(pack) != recorded_sha256(cache / f"{name}.sha256"):
             bad.append(name)
             if not check:
                 remove_pack(name, cache)

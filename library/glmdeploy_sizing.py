@@ -1,7 +1,7 @@
 #!/usr/bin/python
 """The engine's settings for the node's GPU class, as Ansible facts rather than parsed stdout.
 
-The rules are the kit's own ``glmdeploy.sizing``, imported from the release being built: the
+The rules are the kit's own ``glmdeploy.serving.sizing``, imported from the release being built: the
 module runs with that release's environment as its interpreter, where the kit's wheel is
 installed (NVML comes from it too: nvidia-ml-py is in the GPU lock), so the engine whose version
 gates the class's options (``--api-server-count``) is the one that will start. The classes come
@@ -79,7 +79,7 @@ def main() -> None:
         supports_check_mode=True,
     )
     try:
-        sizing = importlib.import_module("glmdeploy.sizing")
+        sizing = importlib.import_module("glmdeploy.serving.sizing")
     except ImportError as exc:
         module.fail_json(msg=f"the kit's package is not installed for {sys.executable} ({exc}): deploy the node first")
     try:

@@ -8,7 +8,7 @@ file again with ``sha256sum`` (one full read per node per run). Here:
 
 - a store that passed its manifest on arrival gets a stamp (each file's size and mtime); a re-run
   compares the stamp with ``stat`` and reads no weight at all. ``make verify`` re-hashes every
-  file (glmdeploy.fingerprint), which also catches a change that kept size and mtime
+  file (glmdeploy.serving.fingerprint), which also catches a change that kept size and mtime
   (docs/decisions.md, "Real sizes");
 - files arrive with rsync (Debian's package) from the first source that answers: a node that
   already holds the store, then the control node. A cut transfer is resumed
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import hashlib
 import json
 import os
 import re
@@ -36,6 +35,7 @@ import time
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.glmdeploy_integrity import file_sha256, parse_sums
 
 DOCUMENTATION = r"""
 module: glmdeploy_store
@@ -73,18 +73,7 @@ seconds: {description: wall time, type: float}
 
 MANIFEST = "SHA256SUMS"
 STAMP = ".glmdeploy-store.json"
-CHUNK = 8 << 20
 RENAME_EXCHANGE = 2
-
-
-def parse_manifest(text: str) -> dict[str, str]:
-    """name -> sha256, as `sha256sum` writes it (glmdeploy.manifest)."""
-    entries = {}
-    for line in text.splitlines():
-        if line.strip():
-            digest, _, name = line.partition("  ")
-            entries[name.lstrip("*")] = digest
-    return entries
 
 
 def files_of(root: Path) -> set[str]:
@@ -97,14 +86,6 @@ def files_of(root: Path) -> set[str]:
     return names
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def hash_check(root: Path, expected: dict[str, str]) -> tuple[list[str], int]:
     """(problems, bytes read): every file of the manifest hashed once; extra files named."""
     problems, read = [], 0
@@ -114,7 +95,7 @@ def hash_check(root: Path, expected: dict[str, str]) -> tuple[list[str], int]:
             problems.append(f"{name}: missing")
             continue
         read += path.stat().st_size
-        if sha256_of(path) != digest:
+        if file_sha256(path) != digest:
             problems.append(f"{name}: does not match its SHA256")
     problems += [f"{name}: not in {MANIFEST}" for name in sorted(files_of(root) - set(expected))]
     return problems, read
@@ -125,8 +106,8 @@ def stat_check(root: Path, manifest: str) -> list[str]:
     if not (root / MANIFEST).is_file():
         return ["store: absent"]
     if (root / MANIFEST).read_text(encoding="utf-8") != manifest:
-        theirs = parse_manifest((root / MANIFEST).read_text(encoding="utf-8"))
-        ours = parse_manifest(manifest)
+        theirs = parse_sums((root / MANIFEST).read_text(encoding="utf-8"))
+        ours = parse_sums(manifest)
         names = sorted(n for n in set(theirs) | set(ours) if theirs.get(n) != ours.get(n))
         return [f"{MANIFEST}: rewritten on the node (differs for {', '.join(names) or 'its layout'})"]
     try:
@@ -288,7 +269,7 @@ def main() -> None:
     )
     started, io_before = time.monotonic(), own_io()
     dest, manifest = Path(module.params["dest"]), module.params["manifest"]
-    expected = parse_manifest(manifest)
+    expected = parse_sums(manifest)
     if any("/" in name for name in expected):
         module.fail_json(
             msg=f"the manifest names files below a subdirectory ({', '.join(n for n in expected if '/' in n)}): "

@@ -1,7 +1,7 @@
 """An environment held to its lock: what is installed, what the lock pins, and how they differ.
 
 One reading of a lock and one comparison, used in three places: the lock tooling on the control
-node (``constraints/lock.py``), the fleet report of ``make verify`` (from a node's fingerprint),
+node (``glmdeploy_control.lock``), the fleet report of ``make verify`` (from a node's fingerprint),
 and the ``glmdeploy_environment`` module, which checks an environment on the node before a deploy
 trusts it. Why a module_utils: the module runs under the node's system Python with nothing but the
 standard library, and Ansible ships this file with it; the control node imports the same file.

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from glmdeploy.client import ApiClient
+from glmdeploy.api.client import ApiClient
 from glmdeploy.config import NodeConfig
-from glmdeploy.prompt import PromptBuilder, load_tokenizer
+from glmdeploy.model.prompt import PromptBuilder, load_tokenizer
 
 _RESULTS: list[dict[str, object]] = []
 

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from glmdeploy import chatglm3
-from glmdeploy.client import ApiClient, ServerError
+from glmdeploy.api.client import ApiClient, ServerError
 from glmdeploy.config import NodeConfig
-from glmdeploy.prompt import PromptBuilder, distinct_ratio
-from glmdeploy.ready import prompt_mismatch
+from glmdeploy.model import chatglm3
+from glmdeploy.model.prompt import PromptBuilder, distinct_ratio
+from glmdeploy.serving.ready import prompt_mismatch
 
 
 def test_generation_returns_text_with_varied_ids(client: ApiClient, builder: PromptBuilder) -> None:

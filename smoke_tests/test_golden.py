@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from glmdeploy.config import NodeConfig
-from glmdeploy.golden import compare, record
+from glmdeploy.model.golden import compare, record
 
 GOLDEN_DIR = Path(__file__).with_name("golden")
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from glmdeploy.config import NodeConfig
-from glmdeploy.servicelog import last_engine_start, service_log
+from glmdeploy.serving.servicelog import last_engine_start, service_log
 
 
 def test_model_config_and_node_agree_on_float16(node: NodeConfig) -> None:

@@ -1,7 +1,7 @@
 """The served model must say what it said when its outputs were recorded: greedy, to a fixed prompt set.
 
 An engine or library upgrade can change what the model answers while the tokenizer stays the same;
-glmdeploy.outputs says how outputs are compared (a near tie ends a prompt's comparison, any other
+glmdeploy.tools.outputs says how outputs are compared (a near tie ends a prompt's comparison, any other
 difference is a change). Recordings live in outputs/<model>/<profile>-<hardware class>.json.
 """
 
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from glmdeploy import outputs
-from glmdeploy.client import ApiClient
+from glmdeploy.api.client import ApiClient
 from glmdeploy.config import NodeConfig
-from glmdeploy.prompt import PromptBuilder
+from glmdeploy.model.prompt import PromptBuilder
+from glmdeploy.tools import outputs
 
 RECORDINGS = Path(__file__).with_name("outputs")
 

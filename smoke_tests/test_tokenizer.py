@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from glmdeploy import chatglm3
 from glmdeploy.config import NodeConfig
-from glmdeploy.prompt import PromptBuilder
+from glmdeploy.model import chatglm3
+from glmdeploy.model.prompt import PromptBuilder
 
 
 def test_special_tokens_have_chatglm3_ids(tokenizer: object) -> None:

@@ -9,19 +9,14 @@ computed here, where the registry is. It only reads, so it runs the same under -
 from __future__ import annotations
 
 import shlex
-import sys
-from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 
-try:
-    from glmdeploy_control import plan, registry
-except ImportError:  # an ansible-playbook outside the kit's tool environment: use the checkout's
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "service"))
-    from glmdeploy_control import plan, registry
+# The kit's control package: the tool environment (make tools) has it on its path.
+from glmdeploy_control import plan, registry
 
 
 class ActionModule(ActionBase):

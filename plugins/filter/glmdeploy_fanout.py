@@ -7,15 +7,10 @@ where it is unit-tested, and needs no connection.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
-try:
-    from glmdeploy_control import fanout
-except ImportError:  # an ansible-playbook outside the kit's tool environment: use the checkout's
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "service"))
-    from glmdeploy_control import fanout
+# The kit's control package: the tool environment (make tools) has it on its path.
+from glmdeploy_control import fanout
 
 
 def fanout_plan(nodes: list[dict[str, Any]]) -> dict[str, Any]:

@@ -8,18 +8,13 @@ one parse per file version, so templating a default that reads it many times cos
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
 
-try:
-    from glmdeploy_control import registry
-except ImportError:  # an ansible-playbook outside the kit's tool environment: use the checkout's
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "service"))
-    from glmdeploy_control import registry
+# The kit's control package: the tool environment (make tools) has it on its path.
+from glmdeploy_control import registry
 
 DOCUMENTATION = """
 name: glmdeploy_registry

@@ -8,19 +8,14 @@ and say which file, before any running service is touched.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 from pathlib import Path
 
+from glmdeploy.integrity import file_sha256, format_sums, parse_sums
+
+__all__ = ["MANIFEST", "check_manifest", "file_sha256", "read_manifest", "write_manifest"]
+
 MANIFEST = "SHA256SUMS"
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def model_files(model_dir: Path) -> list[Path]:
@@ -35,9 +30,8 @@ def model_files(model_dir: Path) -> list[Path]:
 
 def write_manifest(model_dir: Path) -> Path:
     """Write `SHA256SUMS` in `sha256sum -c` format, so a node can also check it with coreutils."""
-    lines = [f"{file_sha256(p)}  {p.relative_to(model_dir).as_posix()}" for p in model_files(model_dir)]
     out = model_dir / MANIFEST
-    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out.write_text(format_sums({p.relative_to(model_dir).as_posix(): file_sha256(p) for p in model_files(model_dir)}))
     return out
 
 
@@ -45,12 +39,7 @@ def read_manifest(model_dir: Path) -> dict[str, str]:
     path = model_dir / MANIFEST
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing")
-    entries = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            digest, _, name = line.partition("  ")
-            entries[name] = digest
-    return entries
+    return parse_sums(path.read_text(encoding="utf-8"))
 
 
 def check_manifest(model_dir: Path) -> list[str]:

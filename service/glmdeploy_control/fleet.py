@@ -10,9 +10,7 @@ whether the fleet is identical and right.
 from __future__ import annotations
 
 import argparse
-import functools
 import hashlib
-import importlib.util
 import json
 import re
 import sys
@@ -20,6 +18,10 @@ import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+import glmdeploy_environment as environment
+
+from glmdeploy_control import lock
 
 FIELDS = (
     "os",
@@ -53,16 +55,6 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.exists() else "missing"
 
 
-@functools.cache
-def _lock_module(root: Path) -> Any:
-    """The checkout's own constraints/lock.py (the fleet may be checked against another checkout), loaded once."""
-    spec = importlib.util.spec_from_file_location("kit_lock", root / "constraints" / "lock.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _minor(fp: dict[str, Any]) -> str:
     """The node's Python as its lock is chosen: "3.11.2" and "3.11.9" share "3.11"."""
     return ".".join(str(fp.get("python")).split(".")[:2])
@@ -76,7 +68,7 @@ def _runtime(fp: dict[str, Any]) -> str:
 def expected_for(fp: dict[str, Any], root: Path, model_root: Path) -> dict[str, str]:
     model = fp.get("model", "")
     return {
-        "lock": _digest(_lock_module(root).lock_path(fp["profile"], _minor(fp))),
+        "lock": _digest(lock.lock_path(fp["profile"], _minor(fp), root / "constraints" / "profiles.toml")),
         "model_manifest": _digest(model_root / model / "SHA256SUMS"),
         "tokenizer_golden": _digest(root / "smoke_tests" / "golden" / f"{model}.json"),
         "model_files": "match manifest",
@@ -86,9 +78,9 @@ def expected_for(fp: dict[str, Any], root: Path, model_root: Path) -> dict[str, 
 
 def package_drift(fp: dict[str, Any], root: Path) -> list[str]:
     """The node's packages against its lock, phrased as the node-side check phrases them."""
-    lock = _lock_module(root)
-    pinned = {n: v for n, (v, _) in lock.parse_lock(lock.lock_path(fp["profile"], _minor(fp))).items()}
-    found: list[str] = lock.environment.drift(pinned, fp.get("_package_versions", {}))
+    path = lock.lock_path(fp["profile"], _minor(fp), root / "constraints" / "profiles.toml")
+    pinned = {n: v for n, (v, _) in lock.parse_lock(path).items()}
+    found: list[str] = environment.drift(pinned, fp.get("_package_versions", {}))
     return found
 
 

@@ -1,6 +1,6 @@
 """Write (``--write``) or check (``--check``) the GPU class table of docs/reference/gpu-settings.md.
 
-The classes are the registry's ([kit.gpu_classes]) and their settings are glmdeploy.sizing's:
+The classes are the registry's ([kit.gpu_classes]) and their settings are glmdeploy.serving.sizing's:
 a table pasted by hand went stale the first time a class or the formula changed, so the block
 between the two markers is generated from both, and ``make lint`` fails when it differs from
 what ``--write`` would put there now. Everything outside the markers is written by people.
@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from glmdeploy import sizing
+from glmdeploy.serving import sizing
 from glmdeploy_control import registry
 
 DOC = registry.ROOT / "docs" / "reference" / "gpu-settings.md"

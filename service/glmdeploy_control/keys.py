@@ -10,7 +10,7 @@ whose keys service re-reads it at once: no nginx reload, and requests already ru
 A push that fails puts the store back as it was (and a new key is never shown), so the store
 never lists a key the balancers do not have, nor keeps one they dropped.
 
-Standard library only; the digest is glmdeploy.lb_keys.digest's (tests/unit/test_lb_keys.py
+Standard library only; the digest is glmdeploy.balancer.lb_keys.digest's (tests/unit/test_lb_keys.py
 proves the two agree: that module runs on balancers and imports prometheus_client).
 """
 

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import tomllib
 
-from glmdeploy.sizing import GpuClass, version_tuple
+from glmdeploy.serving.sizing import GpuClass, version_tuple
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PATH = ROOT / "constraints" / "profiles.toml"

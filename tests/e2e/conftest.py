@@ -15,8 +15,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-# The kit's lock tooling (constraints/lock.py: which lock a profile installs, its pins), as the unit tests read it.
-sys.path.insert(0, str(ROOT / "constraints"))
 #: The part of the end-to-end tests this process runs: `node` (this machine's node, make e2e-node)
 #: or `hosts` (the test hosts, make e2e-hosts). make test runs the two side by side, so each keeps
 #: its own make logs, figures and durations, and its own REPORTS directory for what the make
@@ -126,7 +124,7 @@ def service_pids() -> dict[str, int]:
 
 # Every process of the service user in this PID namespace (the test hosts' processes show in this
 # machine's /proc too, often with the same user ID), as JSON: pid, start time, command, RSS and the
-# service run it belongs to (glmdeploy.procguard marks each run's processes in their environment;
+# service run it belongs to (glmdeploy.serving.procguard marks each run's processes in their environment;
 # the guard itself carries no mark). Run with python3 as root, on this machine or on a test host.
 SERVICE_USER_PROCESSES = """
 import json, os, pwd

@@ -21,7 +21,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import lock  # constraints/lock.py
 import pytest
 from conftest import (
     FIGURES,
@@ -37,8 +36,9 @@ from conftest import (
     service_user_processes,
 )
 
-from glmdeploy import bench, sse
-from glmdeploy_control import runlock
+from glmdeploy.api import sse
+from glmdeploy.tools.bench.sweep import metric_values
+from glmdeploy_control import lock, runlock
 
 NODE_LOCK = Path("/var/lib/glmdeploy/deploy.lock")
 CHAT_PROMPT_IDS = [64790, 64792, 64795, 259, 13, 259, 1028, 3617, 64796]  # fixture ids of a "你好" turn
@@ -300,8 +300,8 @@ def server_metric(api_url: str, name: str, label: str = "") -> float:
     text = urllib.request.urlopen(api_url.rsplit("/v1", 1)[0] + "/metrics", timeout=10).read().decode()
     if label:
         text = "\n".join(line for line in text.splitlines() if label in line)
-        assert name in bench.metric_values(text), f"the server's /metrics has no {name}{{{label}}} series"
-    return bench.metric_values(text).get(name, 0.0)
+        assert name in metric_values(text), f"the server's /metrics has no {name}{{{label}}} series"
+    return metric_values(text).get(name, 0.0)
 
 
 def token_count(node: dict, text: str) -> int:
@@ -970,7 +970,7 @@ def test_release_failing_its_health_gate_returns_the_node_to_the_previous_releas
 @pytest.mark.drill
 def test_kill_9_of_the_api_server_leaves_no_orphaned_engine(deployed):
     """supervisord (this machine has no systemd as PID 1) restarts a killed server, but only the
-    guard (glmdeploy.procguard) stops the engine the server started: no second engine after it.
+    guard (glmdeploy.serving.procguard) stops the engine the server started: no second engine after it.
 
     In `make drills` only (a minute of a cold start): `make test` keeps its systemd twin on a test
     host (test_fleet.py), the path real nodes take; this one covers nodes without systemd."""
@@ -981,7 +981,13 @@ def test_kill_9_of_the_api_server_leaves_no_orphaned_engine(deployed):
     os.kill(server["pid"], 9)
     start = time.monotonic()
     ready = subprocess.run(
-        ["/opt/glmdeploy/current/venv/bin/python", "-m", "glmdeploy.ready", "--config", "/etc/glmdeploy/node.json"],
+        [
+            "/opt/glmdeploy/current/venv/bin/python",
+            "-m",
+            "glmdeploy.serving.ready",
+            "--config",
+            "/etc/glmdeploy/node.json",
+        ],
         env=dict(os.environ, HF_HUB_OFFLINE="1"),
         capture_output=True,
         text=True,

@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT / "tests" / "hub"))
 import hostctl
 import hub_standin
 
-from glmdeploy import sse
+from glmdeploy.api import sse
 
 STATE = hostctl.STATE
 REGISTRY = tomllib.loads((ROOT / "constraints" / "profiles.toml").read_text())
@@ -582,7 +582,7 @@ node = json.load(open('/etc/glmdeploy/node.json'))
 client = OpenAI(base_url=node['api_url'], api_key=node['api_key'] or 'none')
 messages = json.loads(sys.argv[1])
 reply = client.chat.completions.create(model=node['served_model_name'], messages=messages, max_tokens=4)
-from glmdeploy.prompt import PromptBuilder, load_tokenizer
+from glmdeploy.model.prompt import PromptBuilder, load_tokenizer
 want = PromptBuilder.from_tokenizer(load_tokenizer(node['model_dir'], True)).chat_ids(messages)
 print(json.dumps({'prompt_tokens': reply.usage.prompt_tokens, 'want': want, 'text': reply.choices[0].message.content}))
 """
@@ -620,10 +620,10 @@ print(config.parallel_config.tensor_parallel_size, config.parallel_config.distri
 
 
 def test_tensor_parallel_2_launcher_parses_on_vllm_043(fleet):
-    """The kit's TP 2 arguments (glmdeploy.sizing) through 0.4.3's own parser and engine config."""
+    """The kit's TP 2 arguments (glmdeploy.serving.sizing) through 0.4.3's own parser and engine config."""
     sizing = on_host(
         GPU,
-        "/opt/glmdeploy/current/venv/bin/python -m glmdeploy.sizing show rtx-4090 --tensor-parallel 2 --json",
+        "/opt/glmdeploy/current/venv/bin/python -m glmdeploy.serving.sizing show rtx-4090 --tensor-parallel 2 --json",
     )
     tp_args = " ".join(json.loads(sizing.stdout)["vllm_args"])
     out = on_host(
@@ -1018,7 +1018,7 @@ def test_killed_vllm_is_restarted_while_the_balancer_routes_around_it(fleet):
     """
     assert "default" not in on_host(CPU, "ip route show default").stdout
     with Load(KEY_FILE.read_text().strip()) as load:
-        # The API server: the child of the unit's main process (glmdeploy.procguard).
+        # The API server: the child of the unit's main process (glmdeploy.serving.procguard).
         killed = on_host(CPU, "kill -9 $(pgrep -P $(systemctl show -p MainPID --value glmdeploy-vllm_server))")
         assert killed.returncode == 0, killed.stderr
         start = time.monotonic()
@@ -1128,7 +1128,7 @@ def test_rollout_with_a_model_that_cannot_load_stops_with_that_node_back_and_ser
 
 
 # A test-only process that grows by 4 MB a second (14 GB an hour if it ran that long), marked as a
-# process of the model server's runs the way glmdeploy.procguard marks them: the soak counts it as
+# process of the model server's runs the way glmdeploy.serving.procguard marks them: the soak counts it as
 # the server's memory. It is started once the soak runs (a restart of the server stops processes
 # of earlier runs) and ends by itself after LEAK_S.
 LEAK_S = 120
@@ -1141,7 +1141,7 @@ LEAKER = (
 
 def _leak_when_the_soak_starts(host: str, stop: threading.Event) -> None:
     while not stop.is_set():
-        if on_host(host, "pgrep -f 'glmdeploy.soak run'").returncode == 0:
+        if on_host(host, "pgrep -f 'glmdeploy.tools.soak run'").returncode == 0:
             on_host(host, LEAKER)
             return
         stop.wait(2)
@@ -1426,7 +1426,7 @@ def read_timeout_s() -> float:
 
 
 def server_of(host: str) -> dict:
-    """The node's API server process: the child of the unit's main process (glmdeploy.procguard)."""
+    """The node's API server process: the child of the unit's main process (glmdeploy.serving.procguard)."""
     guard = int(on_host(host, "systemctl show -p MainPID --value glmdeploy-vllm_server").stdout)
     return next(p for p in processes_on(host) if p["ppid"] == guard and p["service"] == "vllm_server")
 

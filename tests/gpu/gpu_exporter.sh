@@ -1,5 +1,5 @@
 #!/bin/sh
-# The kit's GPU exporter (service/glmdeploy/gpu_exporter.py) on the device machine's real GPU:
+# The kit's GPU exporter (service/glmdeploy/monitoring/gpu_exporter.py) on the device machine's real GPU:
 # one scrape idle, one while torch multiplies matrices on it. Carried: .whl/mon (nvidia-ml-py and
 # prometheus-client at the gpu-cu121 lock's versions, py3-none-any). Output: $OUT/gpu-exporter-*.txt
 set -eu
@@ -8,7 +8,7 @@ mkdir -p "$OUT" /tmp/mon
 python3 -m pip install -q --no-deps --no-index --target /tmp/mon .whl/mon/*.whl
 export PYTHONPATH=/tmp/mon:service
 { nvidia-smi --query-gpu=name,driver_version,utilization.gpu,memory.used,memory.total,temperature.gpu,power.draw,power.limit,clocks.sm,clocks.mem,pcie.link.gen.current,pcie.link.width.current --format=csv; } > "$OUT/gpu-exporter-nvidia-smi.txt" 2>&1 || true
-python3 -m glmdeploy.gpu_exporter --port 9812 --node device-h200 > /tmp/exporter.log 2>&1 &
+python3 -m glmdeploy.monitoring.gpu_exporter --port 9812 --node device-h200 > /tmp/exporter.log 2>&1 &
 EXPORTER=$!
 python3 - <<'PY'
 import os, subprocess, threading, time, urllib.request

@@ -4,8 +4,8 @@
 # What runs there is NOT the gpu-cu121 lock (vLLM 0.4.3 / torch 2.3.0 cannot run on that image):
 # it is vLLM 0.26.0 on the machine's own torch 2.11.0+cu130, serving the ChatGLM3-6B-32k
 # architecture with random weights (`python -m fixture_model --full-size`, tests/support/, vLLM
-# `--load-format dummy`), started with the settings glmdeploy.sizing derives for the H200,
-# and measured through HTTP with the kit's own client (glmdeploy.bench) and smoke suite.
+# `--load-format dummy`), started with the settings glmdeploy.serving.sizing derives for the H200,
+# and measured through HTTP with the kit's own client (glmdeploy.tools.bench) and smoke suite.
 #
 # Carried from the control node (see tests/gpu/README.md for how they are made):
 #   .whl/                      vLLM's missing pure-Python/runtime dependencies (wheels, py3.12)
@@ -122,7 +122,7 @@ start_server() {  # $1: label; the rest: extra vLLM arguments
   local entry=(-m vllm.entrypoints.openai.api_server) servers=1 a prev=""
   for a in "$@"; do [ "$prev" != --api-server-count ] || { entry=(-m vllm.entrypoints.cli.main serve); servers=$a; }; prev=$a; done
   echo "==> [$label] python3 ${entry[*]} (API servers: $servers)"
-  # The kit's service marks (glmdeploy.procguard): the soak and the prober find and measure the
+  # The kit's service marks (glmdeploy.serving.procguard): the soak and the prober find and measure the
   # server's processes by them, as on a node the launcher sets them.
   GLMDEPLOY_SERVICE=vllm_server GLMDEPLOY_SERVICE_RUN=$label \
   python3 "${entry[@]}" --model "$MODEL" --served-model-name chatglm3-6b-32k \
@@ -143,8 +143,8 @@ start_server() {  # $1: label; the rest: extra vLLM arguments
   echo "==> [$label] not ready after ${START_WAIT:-300} s"; tail -40 "$log"; return 1
 }
 
-kit_args() {  # the settings glmdeploy.sizing derives for this node's GPU, as vLLM arguments ($@: sizing options)
-  python3 -m glmdeploy.sizing detect --json "$@" | python3 -c "import json,sys; print(' '.join(json.load(sys.stdin)['vllm_args']))"
+kit_args() {  # the settings glmdeploy.serving.sizing derives for this node's GPU, as vLLM arguments ($@: sizing options)
+  python3 -m glmdeploy.serving.sizing detect --json "$@" | python3 -c "import json,sys; print(' '.join(json.load(sys.stdin)['vllm_args']))"
 }
 
 stop_server() {  # and wait until the GPU is free again (the next server takes 90 % of it)
@@ -157,7 +157,7 @@ stop_server() {  # and wait until the GPU is free again (the next server takes 9
 
 bench() {  # $1: label; the rest: bench arguments
   local label=$1; shift
-  python3 -m glmdeploy.bench run --node-config "$NODE" --label "$label" --json "$OUT/bench-$label.json" "$@"
+  python3 -m glmdeploy.tools.bench run --node-config "$NODE" --label "$label" --json "$OUT/bench-$label.json" "$@"
 }
 
 missing_one() {  # $1: a staged model dir; a copy (symlinks) with one tensor taken out of its shard, index unchanged
@@ -196,8 +196,8 @@ results_dir() {  # $1: name; sets RES (work) and TAR (in $OUT, rewritten by keep
 keep() { (cd "$RES" && gzip -f server-*.log 2>/dev/null; tar -cf "$TAR" .); }
 
 monitor_start() {  # the kit's GPU exporter and prober on this GPU, and a scrape of both and vLLM every 5 s
-  python3 -m glmdeploy.gpu_exporter --port 9812 --node device-h200 > "$RES/exporter.log" 2>&1 & EXPORTER=$!
-  python3 -m glmdeploy.prober --config "$NODE" --port 9813 --interval 5 --kit-root "$SITE" > "$RES/prober.log" 2>&1 & PROBER=$!
+  python3 -m glmdeploy.monitoring.gpu_exporter --port 9812 --node device-h200 > "$RES/exporter.log" 2>&1 & EXPORTER=$!
+  python3 -m glmdeploy.monitoring.prober --config "$NODE" --port 9813 --interval 5 --kit-root "$SITE" > "$RES/prober.log" 2>&1 & PROBER=$!
   python3 - "$RES/monitor.jsonl" <<'PY' & SCRAPER=$!
 import json, sys, time, urllib.request
 KEEP = ("glmdeploy_", "vllm:num_requests", "vllm:kv_cache_usage", "vllm:gpu_cache_usage", "vllm:num_preemptions")
@@ -216,9 +216,9 @@ PY
 }
 monitor_stop() { kill $EXPORTER $PROBER $SCRAPER 2>/dev/null; wait $EXPORTER $PROBER $SCRAPER 2>/dev/null; }
 
-sweep() {  # $1: result name; the rest: glmdeploy.bench sweep arguments
+sweep() {  # $1: result name; the rest: glmdeploy.tools.bench sweep arguments
   local name=$1; shift
-  python3 -m glmdeploy.bench sweep --node-config "$NODE" --label "$name" --json "$RES/$name.json" "$@" 2>&1 | tail -12
+  python3 -m glmdeploy.tools.bench sweep --node-config "$NODE" --label "$name" --json "$RES/$name.json" "$@" 2>&1 | tail -12
 }
 
 config_args() {  # $1: a configuration name -> vLLM arguments
@@ -237,7 +237,7 @@ stage1)
   cp .gpu/vllm.tar.xz.part* "$STASH"/
   nvidia-smi --query-gpu=name,driver_version,memory.total,persistence_mode,ecc.mode.current --format=csv | tee "$OUT/gpu.txt"
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
-  python3 -m glmdeploy.sizing detect --json | tee "$OUT/sizing.json"
+  python3 -m glmdeploy.serving.sizing detect --json | tee "$OUT/sizing.json"
   node_json /dev/null
   GLMDEPLOY_NODE_CONFIG=$NODE python3 -m pytest -q -rs -p no:cacheprovider smoke_tests/test_gpu.py 2>&1 | tee "$OUT/smoke-nvml.txt"
   ;;
@@ -256,14 +256,14 @@ stage2)
     smoke_tests/test_node.py smoke_tests/test_generation.py --junitxml "$OUT/smoke.xml" 2>&1 | tee "$OUT/smoke.txt"
   bench kit --input-lens 512 --output-lens 256 --concurrency 1,4,16,64,256 --plots "$OUT/plots"
   bench kit-long --input-lens 2048,8192,16384 --output-lens 128 --concurrency 1,16 --requests 16
-  python3 -m glmdeploy.bench multiturn --node-config "$NODE" --json "$OUT/multiturn-kit.json"
+  python3 -m glmdeploy.tools.bench multiturn --node-config "$NODE" --json "$OUT/multiturn-kit.json"
   stop_server
   ;;
 baseline)  # the smoke suite's throughput baseline for this class, then the smoke check against it
   cp .gpu/vllm.tar.xz.part* "$STASH"/ 2>/dev/null
   [ -d "$SITE/vllm" ] || { cat "$STASH"/vllm.tar.xz.part* | xz -d -T0 | tar -C "$SITE" -xf - || exit 1; }
   start_server kit $(kit_args) || exit 1
-  python3 -m glmdeploy.bench baseline --node-config "$NODE" --label "tests/gpu/h200.sh baseline" --out "$OUT/baseline.json"
+  python3 -m glmdeploy.tools.bench baseline --node-config "$NODE" --label "tests/gpu/h200.sh baseline" --out "$OUT/baseline.json"
   cls=$(python3 -c "import json; d=json.load(open('$OUT/baseline.json')); print(d['profile'] + '-' + d['hardware_class'])")
   cp "$OUT/baseline.json" "smoke_tests/baselines/$cls.json"
   GLMDEPLOY_NODE_CONFIG=$NODE python3 -m pytest -q -rs -p no:cacheprovider smoke_tests/test_throughput.py 2>&1 | tee "$OUT/smoke-throughput.txt"
@@ -272,7 +272,7 @@ baseline)  # the smoke suite's throughput baseline for this class, then the smok
 tp2)  # tensor parallel across both GPUs of an nvidia-h200-x2 machine (after stage1 there)
   cp .gpu/vllm.tar.xz.part* "$STASH"/ 2>/dev/null
   [ -d "$SITE/vllm" ] || { cat "$STASH"/vllm.tar.xz.part* | xz -d -T0 | tar -C "$SITE" -xf - || exit 1; }
-  python3 -m glmdeploy.sizing detect --tensor-parallel 2 --json | tee "$OUT/sizing-tp2.json"
+  python3 -m glmdeploy.serving.sizing detect --tensor-parallel 2 --json | tee "$OUT/sizing-tp2.json"
   start_server tp2 $(kit_args --tensor-parallel 2) || exit 1
   grep -iE "KV cache|GPU blocks|tensor_parallel_size=" "$OUT/server-tp2.log" | cut -c1-400 | tee "$OUT/kv-tp2.txt"
   GLMDEPLOY_NODE_CONFIG=$NODE python3 -m pytest -q -rs -p no:cacheprovider smoke_tests/test_gpu.py \
@@ -495,7 +495,7 @@ settle)  # (after stage1) kit vs defaults, settled: per CONFIG a fresh server, 5
       keep
     fi
     if [[ $parts == *+soak+* ]]; then
-      python3 -m glmdeploy.soak run --node-config "$NODE" --duration "${SOAK_DURATION:-6m}" --window 30s \
+      python3 -m glmdeploy.tools.soak run --node-config "$NODE" --duration "${SOAK_DURATION:-6m}" --window 30s \
         --concurrency "${SOAK_CONCURRENCY:-64}" --json "$RES/soak-$cfg.json" 2>&1 | tail -30 | tee "$RES/soak-$cfg.txt"
       keep
     fi
@@ -512,7 +512,7 @@ card24)  # (after stage1) a 24 GB card emulated: the engine's memory budget cut 
   results_dir card24
   ensure_vllm || exit 1
   versions "$RES/versions.txt"
-  python3 -m glmdeploy.sizing show rtx-4090 --json > "$RES/sizing-rtx-4090.json"
+  python3 -m glmdeploy.serving.sizing show rtx-4090 --json > "$RES/sizing-rtx-4090.json"
   # The budget vLLM plans with is gpu_memory_utilization x the card's total memory: the 4090 row's
   # 0.90 x 23.99 GiB; here the same bytes are that budget over the H200's total.
   args=$(python3 tests/gpu/card24_args.py "$RES/sizing-rtx-4090.json" 2> "$RES/arithmetic.txt") || exit 1
@@ -535,7 +535,7 @@ stage3)
   bench default --input-lens 512 --output-lens 256 --concurrency 1,64
   stop_server
   start_server no-prefix-cache --no-enable-prefix-caching || exit 1
-  python3 -m glmdeploy.bench multiturn --node-config "$NODE" --json "$OUT/multiturn-noprefix.json"
+  python3 -m glmdeploy.tools.bench multiturn --node-config "$NODE" --json "$OUT/multiturn-noprefix.json"
   stop_server
   start_server naive --max-num-seqs 1 || exit 1
   bench naive --input-lens 512 --output-lens 256 --concurrency 64 --requests 64

@@ -2,7 +2,7 @@
 
 Reads the sweep JSONs a settle run wrote (`<config>-c<streams>.json`, `<config>-rates.json`) and
 prints, per streams level and per offered rate, each configuration's mean over its passes with the
-95 % interval (glmdeploy.bench.interval95), and its ratio to the engine's defaults where those ran.
+95 % interval (glmdeploy.tools.bench.sweep.interval95), and its ratio to the engine's defaults where those ran.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from glmdeploy.bench import interval95
+from glmdeploy.tools.bench.sweep import interval95
 
 
 def load(res: Path) -> dict[str, dict[str, Any]]:

@@ -4,10 +4,10 @@ Run by `tests/gpu/h200.sh staged` (H200 machine) against a vLLM server started o
 staged by `make weights` (real weights loaded, no `--load-format dummy`). Records, in one JSON:
 
 - client: the model's own tokenizer loaded from the model directory as the smoke suite and
-  `glmdeploy.chat` load it, and the ids `glmdeploy.prompt.PromptBuilder` builds for a one-turn chat
+  `glmdeploy.tools.chat` load it, and the ids `glmdeploy.model.prompt.PromptBuilder` builds for a one-turn chat
   (the exact error where this stack's transformers cannot encode with the model's tokenizer file;
   the golden file's ids for the same chat are used then, and the JSON says so);
-- kit: one streamed `/v1/completions` request with those prompt ids (`glmdeploy.client.ApiClient`,
+- kit: one streamed `/v1/completions` request with those prompt ids (`glmdeploy.api.client.ApiClient`,
   the kit's sampling and stop ids): text, ids, finish reason, the prompt ids the server echoes;
 - greedy: the same prompt, temperature 0, 16 tokens, top-5 logprobs keyed by id;
 - reference: the same 16 greedy tokens from a plain-torch fp32 forward of ChatGLM's math over the
@@ -26,10 +26,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from glmdeploy import chatglm3
-from glmdeploy.client import ApiClient
+from glmdeploy.api.client import ApiClient
 from glmdeploy.config import NodeConfig
-from glmdeploy.prompt import PromptBuilder, load_tokenizer
+from glmdeploy.model import chatglm3
+from glmdeploy.model.prompt import PromptBuilder, load_tokenizer
 
 CHAT = [{"role": "user", "content": "你好"}]  # smoke_tests/test_generation.py CHATS["one_turn"]
 
@@ -111,7 +111,7 @@ def main() -> int:
     golden = json.loads((Path("smoke_tests/golden") / f"{node.model_name}.json").read_text())
     r: dict[str, Any] = {"model_dir": str(model_dir), "chat": CHAT}
 
-    # Client side: the model's tokenizer and the kit's prompt builder, as glmdeploy.chat uses them.
+    # Client side: the model's tokenizer and the kit's prompt builder, as glmdeploy.tools.chat uses them.
     try:
         tok = load_tokenizer(str(model_dir), node.trust_remote_code)
         r["client_tokenizer"] = {"class": type(tok).__name__, "len": len(tok)}

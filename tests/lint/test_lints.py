@@ -127,8 +127,12 @@ def test_every_port_the_registry_defines_is_caught_as_a_setting(tree: Path, key:
             "{% set port = hostvars[host].load_balancer_keys_port | default(9814) %}",
             "kit.balancer.keys_port",
         ),
-        ("service/glmdeploy/prober.py", "PLANTED_SHARE_PORT = 8873", "kit.share.port"),
-        ("service/glmdeploy/prober.py", 'PLANTED_ARGS = ["--port", "8000"]', "kit.services.vllm_server.port"),
+        ("service/glmdeploy/monitoring/prober.py", "PLANTED_SHARE_PORT = 8873", "kit.share.port"),
+        (
+            "service/glmdeploy/monitoring/prober.py",
+            'PLANTED_ARGS = ["--port", "8000"]',
+            "kit.services.vllm_server.port",
+        ),
         ("Makefile", "PLANTED_UI := http://127.0.0.1:8501/", "kit.services.chat_ui.port"),
     ],
     ids=["nginx-listen-address", "jinja-default", "python-constant", "python-argv", "makefile-url"],
@@ -162,7 +166,7 @@ def test_planted_unit_name_is_caught_in_a_module_argument(tree: Path) -> None:
 
 
 def test_unit_name_built_again_from_the_pattern_is_caught(tree: Path) -> None:
-    rel = "service/glmdeploy/procguard.py"
+    rel = "service/glmdeploy/serving/procguard.py"
     line = plant(tree, rel, 'PLANTED_UNIT = f"glmdeploy-{__name__}.service"')
     assert_caught(tree, rel, line, "kit.unit")
 
@@ -171,7 +175,7 @@ def test_unit_name_built_again_from_the_pattern_is_caught(tree: Path) -> None:
     ("rel", "text", "key"),
     [
         ("roles/model/defaults/main.yml", "model_planted_name: chatglm3-6b-32k", "kit.served_model_name"),
-        ("service/glmdeploy/ready.py", 'PLANTED_MODEL = "chatglm3-fixture"', "profiles.cpu.model"),
+        ("service/glmdeploy/serving/ready.py", 'PLANTED_MODEL = "chatglm3-fixture"', "profiles.cpu.model"),
     ],
     ids=["served-model-yaml", "fixture-model-python"],
 )
@@ -195,7 +199,7 @@ def test_planted_gpu_vendor_id_is_caught(tree: Path) -> None:
     ("rel", "text", "key"),
     [
         ("roles/python_env/defaults/main.yml", "python_env_planted_lock: constraints/cpu-py311.txt", "kit.lock_file"),
-        ("service/glmdeploy/fingerprint.py", 'PLANTED_LOCK = f"{__name__}-py{3}.txt"', "kit.lock_file"),
+        ("service/glmdeploy/serving/fingerprint.py", 'PLANTED_LOCK = f"{__name__}-py{3}.txt"', "kit.lock_file"),
         ("Makefile", "PLANTED_WHEELHOUSE := $(ARTIFACTS)/wheelhouse/gpu-cu121-py310", "kit.wheelhouse"),
         ("roles/glmdeploy/defaults/main.yml", "glmdeploy_planted: constraints/apt/debian-12.lock", "kit.apt.lock_file"),
     ],
@@ -239,7 +243,7 @@ def test_prose_naming_registry_values_is_not_caught(tree: Path) -> None:
     )
     plant(
         tree,
-        "service/glmdeploy/prober.py",
+        "service/glmdeploy/monitoring/prober.py",
         'def planted() -> None:\n    """Serve on port=9811 (the registry\'s kit.services.prober.port)."""\n\n\n'
         'PLANTED = {"cpu": 1}  # the host\'s CPU, not the cpu profile\n'
         'PLANTED_HELP = dict(help="e.g. http://127.0.0.1:8000/v1")',

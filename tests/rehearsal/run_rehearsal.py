@@ -62,15 +62,20 @@ def tp_args(tensor_parallel: int) -> list[str]:
     ]
 
 
-def sizing_args(venv: Path, gpu_class: str, tensor_parallel: int) -> list[str]:
-    """`python -m glmdeploy.sizing show CLASS --json` with the venv's Python, as roles/vllm_server runs it."""
-    out = subprocess.run(
-        [str(venv / "bin/python"), "-m", "glmdeploy.sizing", "show", gpu_class, "--json", *tp_args(tensor_parallel)],
-        check=True,
+def sizing_show(venv: Path, gpu_class: str, tensor_parallel: int) -> subprocess.CompletedProcess[str]:
+    """`python -m glmdeploy.serving.sizing show CLASS --json` with the venv's Python, as roles/vllm_server runs it."""
+    command = ["-m", "glmdeploy.serving.sizing", "show", gpu_class, "--json", *tp_args(tensor_parallel)]
+    return subprocess.run(
+        [str(venv / "bin/python"), *command],
         capture_output=True,
         text=True,
         env={**os.environ, "GLMDEPLOY_REHEARSAL_STANDIN": "0", "PYTHONPATH": str(SERVICE)},
     )
+
+
+def sizing_args(venv: Path, gpu_class: str, tensor_parallel: int) -> list[str]:
+    out = sizing_show(venv, gpu_class, tensor_parallel)
+    out.check_returncode()
     return list(json.loads(out.stdout)["vllm_args"])
 
 
@@ -103,7 +108,7 @@ def server_env(scratch: Path, gpu_class: str) -> dict[str, str]:
         TMPDIR=str(scratch / "tmp"),
         GLMDEPLOY_REHEARSAL_GPU_CLASS=gpu_class,
         GLMDEPLOY_REHEARSAL_CLASSES=str(CLASSES_FILE),
-        # The launcher's PYTHONPATH is the release's app dir: the kit's code, glmdeploy.sizing included.
+        # The launcher's PYTHONPATH is the release's app dir: the kit's code, glmdeploy.serving.sizing included.
         PYTHONPATH=str(SERVICE),
     )
     (scratch / "tmp").mkdir(parents=True, exist_ok=True)
@@ -295,12 +300,7 @@ def log_checks(log: Path, report: Report, gpu_blocks: int | None) -> None:
 
 def expected_blocks(venv: Path, gpu_class: str, tensor_parallel: int) -> int | None:
     """What the kit's sizing predicts per GPU of the class, in vLLM's 16-token blocks."""
-    out = subprocess.run(
-        [str(venv / "bin/python"), "-m", "glmdeploy.sizing", "show", gpu_class, "--json", *tp_args(tensor_parallel)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "GLMDEPLOY_REHEARSAL_STANDIN": "0", "PYTHONPATH": str(SERVICE)},
-    )
+    out = sizing_show(venv, gpu_class, tensor_parallel)
     return json.loads(out.stdout)["kv_cache_tokens"] // 16 if out.returncode == 0 else None
 
 

@@ -63,7 +63,7 @@ TEXT_LOGIT, OTHER_LOGIT, PREFERRED_LOGITS = 0.0, -50.0, (10.0, 9.0, 8.0)
 
 #: GPU class whose memory the KV cache is sized for, when none is named in the environment.
 DEFAULT_GPU_CLASS = "rtx-4090"
-#: Used only when `glmdeploy.sizing` cannot be imported: `python -m glmdeploy.sizing show rtx-4090`
+#: Used only when `glmdeploy.serving.sizing` cannot be imported: `python -m glmdeploy.serving.sizing show rtx-4090`
 #: (kv_cache_tokens 218,510, at utilisation 0.90, 32,768 batched tokens, one GPU) in 16-token blocks.
 FALLBACK_GPU_BLOCKS = 13_656
 
@@ -75,7 +75,7 @@ def _predicted_kv_bytes(
     the kit's sizing table gives for the class (None when the class cannot be sized); None without the kit.
     The classes are the node's (its node.json), or those of the JSON file GLMDEPLOY_REHEARSAL_CLASSES names."""
     try:
-        from glmdeploy import sizing
+        from glmdeploy.serving import sizing
     except ImportError:
         return None
     classes = sizing.load_classes(os.environ.get("GLMDEPLOY_REHEARSAL_CLASSES"))
@@ -165,7 +165,8 @@ class StandinExecutorAsync(ExecutorAsyncBase):
         if predicted is None:
             num_gpu_blocks = FALLBACK_GPU_BLOCKS
             logger.warning(
-                "glmdeploy rehearsal: glmdeploy.sizing is not importable; using the fixed %d GPU blocks", num_gpu_blocks
+                "glmdeploy rehearsal: glmdeploy.serving.sizing is not importable; using the fixed %d GPU blocks",
+                num_gpu_blocks,
             )
         else:
             kv_bytes, table_tokens = predicted

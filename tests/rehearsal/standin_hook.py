@@ -3,7 +3,7 @@
 Installed by `install_standin.py` as the package `glmdeploy_rehearsal_standin` (this file is its
 `__init__.py`, next to a copy of `standin_executor.py`) plus `glmdeploy_rehearsal_standin.pth`,
 whose one line runs `activate()` at every interpreter start of that venv. `activate()` only puts an
-import hook on `sys.meta_path` (no vLLM or torch import, so `pip`, `python -m glmdeploy.sizing` and
+import hook on `sys.meta_path` (no vLLM or torch import, so `pip`, `python -m glmdeploy.serving.sizing` and
 other tools start as fast as before). When `vllm.engine.async_llm_engine` is imported (the OpenAI
 server does it at start), the hook applies the patches below to that module, after vLLM's own code ran:
 

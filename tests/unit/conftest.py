@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "constraints"))
 # The release logic is an Ansible module_utils (it runs on the node with the glmdeploy_release module).
 sys.path.insert(0, str(ROOT / "module_utils"))
 # Test-support modules (tests/support/: the fixture model's generator `fixture_model`, ...): not part of the kit.
@@ -25,6 +24,6 @@ def fixture_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tokenizer(fixture_dir: Path) -> object:
-    from glmdeploy.prompt import load_tokenizer
+    from glmdeploy.model.prompt import load_tokenizer
 
     return load_tokenizer(str(fixture_dir), trust_remote_code=True)

@@ -10,10 +10,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import node_json  # tests/support
 import pytest
 
-from glmdeploy import sse
-from glmdeploy.bench import one_request
-from glmdeploy.client import ApiClient, Completion, ServerError
-from glmdeploy.ready import prompt_mismatch
+from glmdeploy.api import sse
+from glmdeploy.api.client import ApiClient, Completion, ServerError
+from glmdeploy.serving.ready import prompt_mismatch
+from glmdeploy.tools.bench.client import one_request
 
 
 class _Server(ThreadingHTTPServer):

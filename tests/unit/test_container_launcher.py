@@ -92,7 +92,7 @@ def test_gpu_launcher_runs_the_engine_under_the_guard_with_the_classes_sizing(re
     assert command[:3] == ["glmdeploy-procguard", "vllm_server", "--"]
     assert command[3:6] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
     assert command[command.index("--dtype") + 1] == "float16"
-    # The rtx-4090 class's sizing (glmdeploy.sizing) reaches the command line.
+    # The rtx-4090 class's sizing (glmdeploy.serving.sizing) reaches the command line.
     assert "--gpu-memory-utilization" in command and "--max-num-seqs" in command
 
 

@@ -1,4 +1,4 @@
-"""The chat's window (glmdeploy.conversation) and the UI's words (glmdeploy.ui_text)."""
+"""The chat's window (glmdeploy.model.conversation) and the UI's words (glmdeploy.chat_ui.ui_text)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import string
 
 import pytest
 
-from glmdeploy import chatglm3, conversation, ui_text
-from glmdeploy.client import ServerError, ServerUnavailable
-from glmdeploy.prompt import PromptBuilder
+from glmdeploy.api.client import ServerError, ServerUnavailable
+from glmdeploy.chat_ui import ui_text
+from glmdeploy.model import chatglm3, conversation
+from glmdeploy.model.prompt import PromptBuilder
 
 # One id per character: sizes are easy to count by hand, and none is a structural id.
 BUILDER = PromptBuilder(lambda text: [1000 + ord(c) for c in text])

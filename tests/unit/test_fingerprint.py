@@ -1,8 +1,8 @@
-"""glmdeploy.fingerprint: unit files compare as templates across nodes with their own addresses."""
+"""glmdeploy.serving.fingerprint: unit files compare as templates across nodes with their own addresses."""
 
 from __future__ import annotations
 
-from glmdeploy import fingerprint
+from glmdeploy.serving import fingerprint
 
 UNIT = "ExecStart=/opt/glmdeploy/current/venv/bin/python -m vllm --host {ip} --port 8000\n"
 

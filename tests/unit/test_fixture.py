@@ -12,9 +12,9 @@ from typing import ClassVar
 import pytest
 from fixture_model import CONFIG, generate  # tests/support/, on sys.path through conftest.py
 
-from glmdeploy import chatglm3
 from glmdeploy.manifest import read_manifest
-from glmdeploy.prompt import PromptBuilder, load_tokenizer
+from glmdeploy.model import chatglm3
+from glmdeploy.model.prompt import PromptBuilder, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 #: A venv with the cpu profile's transformers (5.19.0, tokenizers 0.23.3, sentencepiece 0.2.2).
@@ -397,8 +397,8 @@ def test_later_shape_names_ids_past_the_vocabulary_the_empty_string(tokenizer):
 BEHAVIOUR = """
 import json, sys
 from transformers import AutoConfig
-from glmdeploy.golden import record
-from glmdeploy.prompt import load_tokenizer
+from glmdeploy.model.golden import record
+from glmdeploy.model.prompt import load_tokenizer
 import transformers
 d = sys.argv[1]
 tok = load_tokenizer(d, trust_remote_code=True)

@@ -3,9 +3,9 @@ import json
 import shutil
 from pathlib import Path
 
-import lock  # constraints/lock.py
 import pytest
 
+from glmdeploy_control import lock
 from glmdeploy_control.fleet import build, main, markdown
 
 ROOT = Path(__file__).resolve().parents[2]

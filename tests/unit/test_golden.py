@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from glmdeploy.chatglm3 import (
+from glmdeploy.model.chatglm3 import (
     EOS_ID,
     PAD_ID,
     PADDED_VOCAB_SIZE,
@@ -15,7 +15,7 @@ from glmdeploy.chatglm3 import (
     TOKENIZER_LEN,
     VOCAB_SIZE,
 )
-from glmdeploy.golden import compare, main, record
+from glmdeploy.model.golden import compare, main, record
 
 GOLDEN = Path(__file__).resolve().parents[2] / "smoke_tests" / "golden"
 

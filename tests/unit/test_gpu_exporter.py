@@ -1,4 +1,4 @@
-"""glmdeploy.gpu_exporter against NVML's own error codes: the real pynvml bindings (the version the
+"""glmdeploy.monitoring.gpu_exporter against NVML's own error codes: the real pynvml bindings (the version the
 gpu-cu121 lock pins), their device calls replaced by cards that answer as a GeForce, a data-centre
 card, a card that fell off the bus and a host without a driver would (no GPU here)."""
 
@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from glmdeploy import gpu_exporter
+from glmdeploy.monitoring import gpu_exporter
 
 ROOT = Path(__file__).resolve().parents[2]
 NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED

@@ -1,6 +1,6 @@
-"""glmdeploy.lb_health: which nodes the balancer sends requests to, from what their probers say.
+"""glmdeploy.balancer.lb_health: which nodes the balancer sends requests to, from what their probers say.
 
-The probers are the kit's own metrics (glmdeploy.prober.ProbeMetrics) served on loopback; nginx
+The probers are the kit's own metrics (glmdeploy.monitoring.prober.ProbeMetrics) served on loopback; nginx
 is replaced by two commands (`true` for `nginx -t`, a line appended to a file for the reload):
 these tests prove the decisions and the file written, the fleet test (tests/e2e/test_fleet.py)
 proves them against nginx on the test hosts.
@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import start_http_server
 
-from glmdeploy import lb_health, prober
+from glmdeploy.balancer import lb_health
+from glmdeploy.monitoring import prober
 
 SOURCE = """upstream glmdeploy_api {
     least_conn;

@@ -1,4 +1,4 @@
-"""API keys: the control node's store (glmdeploy_control.keys) and the balancer's service (glmdeploy.lb_keys).
+"""API keys: the control node's store (glmdeploy_control.keys) and the balancer's service (glmdeploy.balancer.lb_keys).
 
 The service runs here on loopback as it runs on a balancer; nginx, which asks it, is what the
 fleet test adds (tests/e2e/test_fleet.py: keys, revocation mid-stream, 429s through nginx).
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from glmdeploy import lb_keys
+from glmdeploy.balancer import lb_keys
 from glmdeploy_control import keys
 
 

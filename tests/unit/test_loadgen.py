@@ -1,4 +1,4 @@
-"""The bench's event-loop client (glmdeploy.loadgen) and rate sweep (glmdeploy.bench), against a
+"""The bench's event-loop client (glmdeploy.tools.loadgen) and rate sweep (glmdeploy.tools.bench), against a
 stand-in of vLLM's streaming protocol on loopback that sends each token at a known time: what
 the client measures must be what the server did, not the client's own scheduling."""
 
@@ -16,8 +16,21 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from glmdeploy import bench, loadgen
-from glmdeploy.client import ApiClient
+from glmdeploy.api.client import ApiClient
+from glmdeploy.tools import loadgen
+from glmdeploy.tools.bench.cli import main
+from glmdeploy.tools.bench.report import sweep_table
+from glmdeploy.tools.bench.sweep import (
+    COMPARED,
+    compare_sweeps,
+    good,
+    interval95,
+    knee,
+    pass_size,
+    run_sweep,
+    summarize_rate,
+    sweep_summary,
+)
 
 TTFT_S, ITL_S = 0.05, 0.02
 
@@ -161,9 +174,9 @@ def test_goodput_counts_completed_requests_within_every_target():
     slow_start = loadgen.Sample(due_s=0, ok=True, ttft_s=1.5, e2e_s=2.0, output_tokens=11)
     failed = loadgen.Sample(due_s=0, ok=False, ttft_s=0.1, e2e_s=0.2, output_tokens=3)
     slo = {"ttft": 1000.0, "tpot": 100.0}
-    assert [bench.good(s, slo) for s in (fast, slow_start, failed)] == [True, False, False]
-    assert not bench.good(fast, slo | {"tpot": 99.0}) and not bench.good(fast, slo | {"e2e": 1000.0})
-    row = bench.summarize_rate([fast, slow_start, failed], 2.0, slo)
+    assert [good(s, slo) for s in (fast, slow_start, failed)] == [True, False, False]
+    assert not good(fast, slo | {"tpot": 99.0}) and not good(fast, slo | {"e2e": 1000.0})
+    row = summarize_rate([fast, slow_start, failed], 2.0, slo)
     assert (row["completed"], row["failed"], row["goodput_per_s"], row["requests_per_s"]) == (2, 1, 0.5, 1.0)
 
 
@@ -178,8 +191,8 @@ def test_the_knee_is_the_last_rate_at_which_nine_in_ten_requests_met_their_targe
     # A short pass completes fewer requests per second than were offered (its last requests' own
     # time is in its duration): 0.87 of 1/s with every request on target is not a shortfall.
     summary = [row(1.0, 0.87, 0.87), row(2.0, 1.7, 1.6), row(4.0, 3.0, 2.0), row(8.0, 4.0, 3.9), row("inf", 3.1, 3.1)]
-    assert bench.knee(summary)["rate"] == 2.0, "a rate after the first shortfall does not count"
-    assert bench.knee([row(1.0, 1.0, 0.5)]) is None
+    assert knee(summary)["rate"] == 2.0, "a rate after the first shortfall does not count"
+    assert knee([row(1.0, 1.0, 0.5)]) is None
 
 
 def _sweep(label: str, workload: dict, rows: dict) -> dict:
@@ -189,7 +202,7 @@ def _sweep(label: str, workload: dict, rows: dict) -> dict:
     summary = [
         {
             "rate": rate,
-            **{key: cell(v) for key, v in zip(bench.COMPARED, values, strict=True)},
+            **{key: cell(v) for key, v in zip(COMPARED, values, strict=True)},
         }
         for rate, values in rows.items()
     ]
@@ -202,7 +215,7 @@ def test_compare_gives_each_rate_as_a_ratio_to_the_first_sweep_and_refuses_other
         "kit", work, {1.0: (1.0, 1.0, 64.0, 300.0), 4.0: (3.8, 3.6, 240.0, 900.0), "inf": (5.0, 1.0, 320.0, 9e3)}
     )
     one = _sweep("one at a time", work, {1.0: (0.9, 0.5, 58.0, 1500.0), 4.0: (0.95, 0.0, 60.0, 6e4)})
-    rows = bench.compare_sweeps([kit, one])
+    rows = compare_sweeps([kit, one])
     assert [row["rate"] for row in rows] == ["1.0", "4.0"], "only rates both swept"
     assert (
         rows[1]["runs"][1]["ratio"]["output_tokens_per_s"] == 0.25 and rows[1]["runs"][0]["ratio"]["goodput_per_s"] == 1
@@ -211,29 +224,29 @@ def test_compare_gives_each_rate_as_a_ratio_to_the_first_sweep_and_refuses_other
     for run in (kit, one, {**one, "workload": {**work, "input_len": 512}}):
         paths.append(tmp_path / f"{len(paths)}.json")
         paths[-1].write_text(json.dumps(run))
-    assert bench.main(["compare", str(paths[0]), str(paths[1]), "--json", str(tmp_path / "c.json")]) == 0
+    assert main(["compare", str(paths[0]), str(paths[1]), "--json", str(tmp_path / "c.json")]) == 0
     assert "one at a time" in capsys.readouterr().out and json.loads((tmp_path / "c.json").read_text())["rates"]
-    assert bench.main(["compare", str(paths[0]), str(paths[2])]) == 2
+    assert main(["compare", str(paths[0]), str(paths[2])]) == 2
     assert "workload input_len 512, the first sweep's is 128" in capsys.readouterr().err
 
 
 def test_the_interval_is_students_t_over_the_repeats():
-    got = bench.interval95([10.0, 12.0, 14.0])
+    got = interval95([10.0, 12.0, 14.0])
     assert got["mean"] == 12.0 and got["ci95"] == pytest.approx(4.303 * 2.0 / 3**0.5, abs=1e-3)
-    assert bench.interval95([5.0])["ci95"] == 0.0
+    assert interval95([5.0])["ci95"] == 0.0
 
 
 def test_a_sweep_reports_each_rate_with_its_interval_goodput_and_the_servers_counters(standin):
     client = ApiClient(standin, "m", timeout_s=30)
-    levels = bench.run_sweep(client, [20.0, float("inf")], 8, 4, requests=6, repeats=2, slo_ms={"ttft": 1000.0})
+    levels = run_sweep(client, [20.0, float("inf")], 8, 4, requests=6, repeats=2, slo_ms={"ttft": 1000.0})
     assert [(lv.rate, lv.repeat) for lv in levels] == [(20.0, 1), (20.0, 2), (float("inf"), 1), (float("inf"), 2)]
     assert all(lv.completed == 6 and lv.failed == 0 and lv.goodput_per_s == lv.requests_per_s for lv in levels)
     assert all(lv.server["preemptions"] == 6 and lv.server["kv_cache_usage_max"] == 0.25 for lv in levels)
     paced, burst = levels[0], levels[2]
     assert paced.duration_s > burst.duration_s, "requests at 20/s must take longer than all at once"
-    summary = bench.sweep_summary(levels)
+    summary = sweep_summary(levels)
     assert [r["rate"] for r in summary] == [20.0, "inf"] and summary[0]["requests_per_s"]["n"] == 2
-    assert "goodput" in bench.sweep_table(summary, {"ttft": 1000.0})
+    assert "goodput" in sweep_table(summary, {"ttft": 1000.0})
 
 
 def test_each_sweep_pass_sends_prompts_no_earlier_pass_sent(standin, monkeypatch):
@@ -247,15 +260,15 @@ def test_each_sweep_pass_sends_prompts_no_earlier_pass_sent(standin, monkeypatch
 
     monkeypatch.setattr(loadgen, "run", recording)
     client = ApiClient(standin, "m", timeout_s=30)
-    bench.run_sweep(client, [20.0, 40.0], 8, 4, requests=3, repeats=2, slo_ms={"ttft": 1000.0})
+    run_sweep(client, [20.0, 40.0], 8, 4, requests=3, repeats=2, slo_ms={"ttft": 1000.0})
     prompts = [p for one_pass in sent for p in one_pass]
     assert len(sent) == 4 and len(set(prompts)) == len(prompts) == 12
     first_run = list(sent)
     sent.clear()
-    bench.run_sweep(client, [20.0, 40.0], 8, 4, requests=3, repeats=2, slo_ms={"ttft": 1000.0})
+    run_sweep(client, [20.0, 40.0], 8, 4, requests=3, repeats=2, slo_ms={"ttft": 1000.0})
     assert sent == first_run, "the same sweep sends the same prompts: runs on different days compare"
 
 
 def test_pass_seconds_sizes_each_finite_rate_and_leaves_the_unbounded_one_at_its_count():
-    assert [bench.pass_size(rate, 40, 10.0) for rate in (2.5, 40.0, float("inf"))] == [25, 400, 40]
-    assert bench.pass_size(40.0, 40, None) == 40
+    assert [pass_size(rate, 40, 10.0) for rate in (2.5, 40.0, float("inf"))] == [25, 400, 40]
+    assert pass_size(40.0, 40, None) == 40

@@ -1,8 +1,9 @@
 import hashlib
 from pathlib import Path
 
-import lock  # constraints/lock.py
 import pytest
+
+from glmdeploy_control import lock
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,11 +1,12 @@
-"""glmdeploy.outputs: how a node's greedy outputs are compared with their recording."""
+"""glmdeploy.tools.outputs: how a node's greedy outputs are compared with their recording."""
 
 from __future__ import annotations
 
 import copy
 
-from glmdeploy import chatglm3, outputs
-from glmdeploy.prompt import PromptBuilder
+from glmdeploy.model import chatglm3
+from glmdeploy.model.prompt import PromptBuilder
+from glmdeploy.tools import outputs
 
 
 def _output(tokens: list[str], top: list[list[str]] | None = None, prompt: str = "p") -> dict:
@@ -72,7 +73,7 @@ def test_a_missing_prompt_is_a_change():
 
 def test_prompt_set_covers_chat_plain_chinese_english_long_and_the_context_limit(fixture_dir):
     """Built with the fixture's own tokenizer: the near-limit prompt fills the context to its margin."""
-    from glmdeploy.prompt import load_tokenizer
+    from glmdeploy.model.prompt import load_tokenizer
 
     builder = PromptBuilder.from_tokenizer(load_tokenizer(str(fixture_dir), trust_remote_code=True))
     ids = {p.name: outputs.prompt_ids(p, builder, 4096) for p in outputs.PROBES}

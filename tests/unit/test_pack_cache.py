@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from local_play import module_argv, run_module
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = ROOT / "library" / "glmdeploy_pack_cache.py"
@@ -23,9 +24,7 @@ pytestmark = pytest.mark.skipif(not TOOLS_PY.exists(), reason="needs the tool en
 
 
 def run(tmp_path: Path, check: bool = False, **args: object) -> dict:
-    spec = tmp_path / "args.json"
-    spec.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {**args, "_ansible_check_mode": check}}))
-    out = subprocess.run([str(TOOLS_PY), str(MODULE), str(spec)], capture_output=True, text=True, check=False)
+    out = run_module(MODULE, args, check)
     result = json.loads(out.stdout)
     assert not result.get("failed"), result
     return result
@@ -124,8 +123,7 @@ def test_two_runs_publishing_the_same_pack_at_once_leave_one_pack_that_matches_i
         partial.write_bytes(node.encode() * 4_000_000)  # big enough that the two overlap
         spec = tmp_path / f"args-{node}.json"
         args = {"names": [NAME], "pack_dir": str(packs), "partial": str(partial), "state": "published"}
-        spec.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
-        procs.append(subprocess.Popen([str(TOOLS_PY), str(MODULE), str(spec)], stdout=subprocess.PIPE, text=True))
+        procs.append(subprocess.Popen(module_argv(MODULE, spec, args), stdout=subprocess.PIPE, text=True))
     results = [json.loads(p.communicate()[0]) for p in procs]
     assert sorted(len(r["published"]) for r in results) == [0, 1], results
     data = (packs / NAME).read_bytes()

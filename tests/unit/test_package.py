@@ -5,7 +5,7 @@ it (a small venv made by a lock environment's own Python, the wheel with --no-de
 .pth that adds the environment's site-packages). The lock environment here is the reference
 tokenizer environment (transformers 4.40.2, tokenizers 0.19.1): the node modules that need a
 third-party package find it there, as they find the lock's packages on a node. Streamlit is not
-in it, so ``glmdeploy.ui`` is the one node module not imported here (the e2e chat UI test runs it).
+in it, so ``glmdeploy.chat_ui.ui`` is the one node module not imported here (the e2e chat UI test runs it).
 """
 
 from __future__ import annotations
@@ -28,20 +28,23 @@ ROOT = Path(__file__).resolve().parents[2]
 UV = ROOT / ".venv" / "tools" / "bin" / "uv"
 WHEEL = f"glmdeploy-{glmdeploy.__version__}-py3-none-any.whl"
 SCRIPTS = {
-    "glmdeploy-ready": "glmdeploy.ready:main",
-    "glmdeploy-chat": "glmdeploy.chat:main",
-    "glmdeploy-bench": "glmdeploy.bench:main",
-    "glmdeploy-golden": "glmdeploy.golden:main",
-    "glmdeploy-outputs": "glmdeploy.outputs:main",
-    "glmdeploy-soak": "glmdeploy.soak:main",
-    "glmdeploy-prober": "glmdeploy.prober:main",
-    "glmdeploy-gpu-exporter": "glmdeploy.gpu_exporter:main",
-    "glmdeploy-fingerprint": "glmdeploy.fingerprint:main",
-    "glmdeploy-procguard": "glmdeploy.procguard:main",
-    "glmdeploy-ui": "glmdeploy.ui_launch:main",
+    "glmdeploy-ready": "glmdeploy.serving.ready:main",
+    "glmdeploy-chat": "glmdeploy.tools.chat:main",
+    "glmdeploy-bench": "glmdeploy.tools.bench.cli:main",
+    "glmdeploy-golden": "glmdeploy.model.golden:main",
+    "glmdeploy-outputs": "glmdeploy.tools.outputs:main",
+    "glmdeploy-soak": "glmdeploy.tools.soak:main",
+    "glmdeploy-prober": "glmdeploy.monitoring.prober:main",
+    "glmdeploy-gpu-exporter": "glmdeploy.monitoring.gpu_exporter:main",
+    "glmdeploy-fingerprint": "glmdeploy.serving.fingerprint:main",
+    "glmdeploy-procguard": "glmdeploy.serving.procguard:main",
+    "glmdeploy-ui": "glmdeploy.chat_ui.ui_launch:main",
 }
 # Every node module but ui (Streamlit runs it as a script; see the module docstring).
-NODE_MODULES = sorted(p.stem for p in (ROOT / "service" / "glmdeploy").glob("*.py") if p.stem not in {"ui"})
+#: Every module of the package by its path under glmdeploy/ ("serving/ready"), sub-packages included.
+PACKAGE = ROOT / "service" / "glmdeploy"
+MODULES = sorted(str(p.relative_to(PACKAGE).with_suffix("")) for p in PACKAGE.rglob("*.py"))
+NODE_MODULES = [m for m in MODULES if m != "chat_ui/ui" and not m.endswith("__main__")]
 
 
 def build(source: Path, out: Path) -> Path:
@@ -64,7 +67,7 @@ def test_wheel_holds_the_node_package_and_its_entry_points_only(wheel):
         entry_points = zf.read(f"glmdeploy-{glmdeploy.__version__}.dist-info/entry_points.txt").decode()
     tops = {name.split("/", 1)[0] for name in names}
     assert tops == {"glmdeploy", f"glmdeploy-{glmdeploy.__version__}.dist-info"}, tops
-    assert {f"glmdeploy/{m}.py" for m in [*NODE_MODULES, "ui"]} <= set(names)
+    assert {f"glmdeploy/{m}.py" for m in MODULES} <= set(names)
     parser = configparser.ConfigParser()
     parser.read_string(entry_points)
     assert dict(parser["console_scripts"]) == SCRIPTS
@@ -90,7 +93,7 @@ def test_node_modules_import_from_a_release_environment_built_like_the_kits(whee
     (site / "glmdeploy-environment.pth").write_text(f"import site; site.addsitedir({env_site!r})\n")
     probe = (
         "import importlib, sys, transformers\n"
-        f"mods = [importlib.import_module('glmdeploy.' + m) for m in {NODE_MODULES!r}]\n"
+        f"mods = [importlib.import_module('glmdeploy.' + m.replace('/', '.')) for m in {NODE_MODULES!r}]\n"
         "print(mods[0].__file__)\n"
     )
     out = subprocess.run(
@@ -115,3 +118,39 @@ def test_release_logic_runs_on_the_nodes_system_python_with_the_standard_library
     out = subprocess.run([system, "-I", "-S", "-c", code, str(ROOT / "module_utils")], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("module_utils/glmdeploy_release.py")
+
+
+def _imports(path: Path) -> set[str]:
+    """The glmdeploy modules a file imports (absolute imports; the package uses no relative ones)."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("glmdeploy"):
+            found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("glmdeploy")}
+    return found
+
+
+def test_what_runs_on_a_node_imports_no_client_tool():
+    """The serving side, the monitoring, the balancer and the UI run on nodes and hosts of the fleet;
+    the client tools (benchmark, soak, load generator, output recorder) must not ride along."""
+    node_side = [m for m in MODULES if not m.startswith("tools/")]
+    offenders = {
+        m: sorted(i for i in _imports(PACKAGE / f"{m}.py") if i.startswith("glmdeploy.tools")) for m in node_side
+    }
+    assert {m: i for m, i in offenders.items() if i} == {}
+
+
+def test_no_file_of_the_kit_loads_another_by_path():
+    """Modules are imported as modules (the tool environment has the checkout on its path, nodes
+    the wheel): no sys.path edits, no spec_from_file_location, outside the model's own remote code."""
+    kit = [*ROOT.glob("service/**/*.py"), *ROOT.glob("plugins/**/*.py"), *ROOT.glob("library/*.py")]
+    allowed = {PACKAGE / "model" / "served_tokenizer.py"}  # loads the model directory's tokenizer code
+    found = [
+        str(p.relative_to(ROOT))
+        for p in kit
+        if p not in allowed and ("sys.path.insert" in p.read_text() or "spec_from_file_location" in p.read_text())
+    ]
+    assert found == []

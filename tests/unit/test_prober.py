@@ -1,4 +1,4 @@
-"""glmdeploy.prober against a loopback stand-in of an OpenAI completions server (named so: it
+"""glmdeploy.monitoring.prober against a loopback stand-in of an OpenAI completions server (named so: it
 streams what a server streams, with no model behind it). What each failure is counted as, and
 that a stuck engine (one token repeated) is not a success although it answers 200."""
 
@@ -15,9 +15,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from prometheus_client import generate_latest
 
-from glmdeploy import prober
-from glmdeploy.client import ApiClient
-from glmdeploy.prompt import PromptBuilder
+from glmdeploy.api.client import ApiClient
+from glmdeploy.model.prompt import PromptBuilder
+from glmdeploy.monitoring import prober
 
 
 class StandIn(BaseHTTPRequestHandler):

@@ -1,4 +1,4 @@
-"""glmdeploy.procguard: whatever ends a service's server, nothing it started is left running."""
+"""glmdeploy.serving.procguard: whatever ends a service's server, nothing it started is left running."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def wait_for(condition, timeout: float = 20.0) -> bool:
 
 def guard(name: str, *argv: str) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=str(SERVICE))
-    command = [sys.executable, "-m", "glmdeploy.procguard", name, "--", *argv]
+    command = [sys.executable, "-m", "glmdeploy.serving.procguard", name, "--", *argv]
     return subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
 
 

@@ -1,7 +1,13 @@
 import pytest
 
-from glmdeploy import chatglm3
-from glmdeploy.prompt import PromptBuilder, PromptInjectionError, distinct_ratio, load_tokenizer, plain_text_encoder
+from glmdeploy.model import chatglm3
+from glmdeploy.model.prompt import (
+    PromptBuilder,
+    PromptInjectionError,
+    distinct_ratio,
+    load_tokenizer,
+    plain_text_encoder,
+)
 
 
 @pytest.fixture(scope="module")

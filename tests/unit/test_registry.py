@@ -8,13 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import lock  # constraints/lock.py
 import node_json  # tests/support
 import pytest
 import tomllib
 
 from glmdeploy.config import NodeConfig
-from glmdeploy_control import plan, registry
+from glmdeploy_control import lock, plan, registry
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_HOST = {"python": "3.11", "pci_vendors": "0x8086 0x1af4"}

@@ -14,8 +14,8 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from glmdeploy import chatglm3
-from glmdeploy.prompt import PromptBuilder, load_tokenizer
+from glmdeploy.model import chatglm3
+from glmdeploy.model.prompt import PromptBuilder, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "vllm_server"

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from glmdeploy import sizing
+from glmdeploy.serving import sizing
 from glmdeploy_control import registry
 
 REGISTRY = registry.load()
@@ -84,7 +84,7 @@ def test_nvml_names_map_to_classes(name, expected):
 
 
 def test_baseline_key_uses_the_sizing_class_for_known_cards_and_the_name_otherwise():
-    from glmdeploy import nodefacts
+    from glmdeploy.serving import nodefacts
 
     assert nodefacts.hardware_class({"gpus": ["NVIDIA H200"]}, CLASSES) == "h200x1"
     assert nodefacts.hardware_class({"gpus": ["NVIDIA GeForce RTX 4090"] * 2}, CLASSES) == "rtx-4090x2"

@@ -1,4 +1,4 @@
-"""glmdeploy.soak: windows, the memory slope and the verdict against the gates."""
+"""glmdeploy.tools.soak: windows, the memory slope and the verdict against the gates."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from glmdeploy import soak
+from glmdeploy.tools import soak
 
 
 def _samples(mb_at, seconds: int = 180, every: int = 2) -> list[soak.Sample]:

@@ -1,4 +1,4 @@
-"""The one server-sent-events decoder (glmdeploy.sse): what vLLM streams, and how a stream fails."""
+"""The one server-sent-events decoder (glmdeploy.api.sse): what vLLM streams, and how a stream fails."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from glmdeploy import sse
+from glmdeploy.api import sse
 
 # What vLLM 0.4.3's create_streaming_error_response yields (serving_engine.py), then its [DONE].
 VLLM_043_ERROR = (

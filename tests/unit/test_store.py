@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from local_play import module_argv, run_module
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = ROOT / "library" / "glmdeploy_store.py"
@@ -31,9 +32,7 @@ pytestmark = [
 
 
 def run(tmp_path: Path, check: bool = False, fail: bool = False, **args: object) -> dict:
-    spec = tmp_path / "args.json"
-    spec.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {**args, "_ansible_check_mode": check}}))
-    out = subprocess.run([str(TOOLS_PY), str(MODULE), str(spec)], capture_output=True, text=True, check=False)
+    out = run_module(MODULE, args, check)
     assert out.stdout.strip(), out.stderr[-3000:]
     result = json.loads(out.stdout)
     assert bool(result.get("failed")) == fail, result
@@ -155,8 +154,7 @@ def test_a_transfer_cut_halfway_resumes_and_no_half_file_is_taken(tmp_path, daem
     incoming = store.with_name(".m.incoming")
     spec = tmp_path / "cut.json"
     args = {"dest": str(store), "manifest": manifest, "sources": [f"{url}/m"], "bwlimit": "4096"}
-    spec.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
-    cut = subprocess.Popen([str(TOOLS_PY), str(MODULE), str(spec)], start_new_session=True, stdout=subprocess.DEVNULL)
+    cut = subprocess.Popen(module_argv(MODULE, spec, args), start_new_session=True, stdout=subprocess.DEVNULL)
     partial = incoming / "pytorch_model-00001-of-00001.bin"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and (not partial.exists() or partial.stat().st_size < 4 << 20):

@@ -87,8 +87,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from glmdeploy import chatglm3
 from glmdeploy.manifest import write_manifest
+from glmdeploy.model import chatglm3
 
 SEED = 20240607
 

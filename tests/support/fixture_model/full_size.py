@@ -45,8 +45,8 @@ from fixture_model import (
     shard_count,
     tokenizer_source,
 )
-from glmdeploy import chatglm3
 from glmdeploy.manifest import check_manifest, write_manifest
+from glmdeploy.model import chatglm3
 
 NAME = "chatglm3-6b-32k-full-size"
 DEFAULT_CACHE = Path(os.environ.get("GLMDEPLOY_FIXTURE_CACHE", "/var/cache/glmdeploy/fixtures"))

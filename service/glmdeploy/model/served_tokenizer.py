@@ -7,7 +7,7 @@ instead of id 64795 (the model answers badly, with no error); a tokenizer that m
 those characters to ids would also map what a user types (prompt injection). This
 subclass answers `apply_chat_template(..., tokenize=False)` with a `ChatPrompt`: a
 `str` holding the rendered text, for logs and reading, that also carries the ids
-`glmdeploy.prompt.PromptBuilder` built (role markers as ids, message text as plain
+`glmdeploy.model.prompt.PromptBuilder` built (role markers as ids, message text as plain
 text). When the server tokenizes that same object again, it gets those ids back.
 Any other text is tokenized exactly as the model's tokenizer does.
 
@@ -29,8 +29,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from glmdeploy import chatglm3
-from glmdeploy.prompt import PromptBuilder
+from glmdeploy.model import chatglm3
+from glmdeploy.model.prompt import PromptBuilder
 
 
 class ChatPrompt(str):

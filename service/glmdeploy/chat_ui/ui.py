@@ -1,7 +1,7 @@
 """Streamlit chat app: multi-turn history that fits the node's window, streamed replies that can
 be stopped and regenerated, a system prompt, errors worded by whose they are, English and Chinese.
 
-Run with `streamlit run glmdeploy/ui.py`; settings come from the node config
+Run with `streamlit run glmdeploy/chat_ui/ui.py`; settings come from the node config
 (GLMDEPLOY_NODE_CONFIG). Prompts are built as token ids by `prompt.py`, so a
 user typing `<|user|>` never creates a role marker; `conversation.py` decides which turns
 are sent and `ui_text.py` holds every word the page shows.
@@ -19,11 +19,11 @@ from typing import Any
 
 import streamlit as st
 
-from glmdeploy import ui_text
-from glmdeploy.client import ApiClient, ServerError, ServerUnavailable
+from glmdeploy.api.client import ApiClient, ServerError, ServerUnavailable
+from glmdeploy.chat_ui import ui_text
 from glmdeploy.config import ENV_VAR, NodeConfig
-from glmdeploy.conversation import MessageTooLong, Reply, fit, stream_reply
-from glmdeploy.prompt import PromptBuilder, PromptInjectionError, load_tokenizer
+from glmdeploy.model.conversation import MessageTooLong, Reply, fit, stream_reply
+from glmdeploy.model.prompt import PromptBuilder, PromptInjectionError, load_tokenizer
 
 # How long the status line's "generating" check is reused: one tiny generation per 10 s at most,
 # whatever the number of open pages.

@@ -9,10 +9,10 @@ figures carry it, so a run whose client fell behind says so instead of blaming t
 
 Why asyncio streams and hand-written HTTP/1.1 (one connection per request, `Connection:
 close`, chunked or sized bodies), although the node locks carry async HTTP clients: the same
-reasons as glmdeploy.client (httpx 0.27 on gpu-cu121, httpx 0.28 and httpx2 on cpu, aiohttp in
+reasons as glmdeploy.api.client (httpx 0.27 on gpu-cu121, httpx 0.28 and httpx2 on cpu, aiohttp in
 two major versions: code on them would meet two APIs), and this runs where no node lock is
 installed too: the control node's tool environment (`make bench` against a URL) and the
-reference environment (the unit tests). The events are decoded by glmdeploy.sse, the kit's one
+reference environment (the unit tests). The events are decoded by glmdeploy.api.sse, the kit's one
 decoder, chunk by chunk in arrival order, so each event gets the time of the chunk that
 completed it.
 """
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from glmdeploy import sse
+from glmdeploy.api import sse
 
 #: How often the loop-lag ticker wakes (s): late wakes are the client's own delay.
 TICK_S = 0.005

@@ -19,7 +19,7 @@ Hand-written, standard library only. The node locks carry HTTP clients (as vLLM'
 but no SSE decoder that fits: httpx (0.27.0 on gpu-cu121, 0.28.1 on cpu) has none and httpx-sse
 is in no lock; httpx2 2.16.0 has one, in the cpu lock only; openai's (1.35.7 on gpu-cu121, 3.42.1
 on cpu) sits inside its `Stream`, which raises only on an `error` key and ends quietly without
-`[DONE]` (see glmdeploy.client). And the decoder runs where no node lock is installed: the unit
+`[DONE]` (see glmdeploy.api.client). And the decoder runs where no node lock is installed: the unit
 tests (the reference environment), the end-to-end tests (the tool environment) and the gpu-cu121
 rehearsal's runner (`tests/rehearsal/run_rehearsal.py`, any python3). The wire format is the
 WHATWG one (html.spec.whatwg.org, "server-sent events"): lines end in CRLF, LF or CR; a line

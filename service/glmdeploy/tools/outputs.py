@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from glmdeploy import bench, nodefacts
-from glmdeploy.client import ApiClient
+from glmdeploy.api.client import ApiClient
 from glmdeploy.config import NodeConfig
-from glmdeploy.prompt import PromptBuilder, load_tokenizer
+from glmdeploy.model.prompt import PromptBuilder, load_tokenizer
+from glmdeploy.serving import nodefacts
+from glmdeploy.tools.bench.client import server_versions
 
 #: Alternatives kept per position (the OpenAI completions API allows at most 5).
 TOP = 5
@@ -126,7 +127,7 @@ def record(
         "max_model_len": limit,
         "max_tokens": MAX_TOKENS,
         "top": TOP,
-        "server": bench.server_versions(client).get("server", {}),
+        "server": server_versions(client).get("server", {}),
         "outputs": {p.name: generate(client, prompt_ids(p, builder, limit)) for p in PROBES},
     }
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from glmdeploy.client import ApiClient, ServerError, ServerUnavailable
+from glmdeploy.api.client import ApiClient, ServerError, ServerUnavailable
 from glmdeploy.config import NodeConfig
-from glmdeploy.prompt import PromptBuilder, load_tokenizer
+from glmdeploy.model.prompt import PromptBuilder, load_tokenizer
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m glmdeploy.chat", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m glmdeploy.tools.chat", description=__doc__.splitlines()[0])
     parser.add_argument("message", nargs="+", help="one or more user turns, sent in order")
     parser.add_argument("--config", help="node config (default: /etc/glmdeploy/node.json)")
     parser.add_argument("--max-tokens", type=int, default=128)

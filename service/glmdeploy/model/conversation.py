@@ -13,8 +13,8 @@ import time
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 
-from glmdeploy.client import ApiClient
-from glmdeploy.prompt import PromptBuilder
+from glmdeploy.api.client import ApiClient
+from glmdeploy.model.prompt import PromptBuilder
 
 
 class MessageTooLong(ValueError):

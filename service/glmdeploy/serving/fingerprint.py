@@ -157,7 +157,9 @@ def collect(node: NodeConfig, release: Path, golden_dir: Path) -> dict[str, obje
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m glmdeploy.fingerprint", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m glmdeploy.serving.fingerprint", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--config", help="node config (default: /etc/glmdeploy/node.json)")
     parser.add_argument(
         "--release", type=Path, default=Path(os.environ.get("GLMDEPLOY_RELEASE", "/opt/glmdeploy/current"))

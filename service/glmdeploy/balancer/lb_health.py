@@ -2,7 +2,7 @@
 
 Why: nginx's open-source build has only passive checks (a refused or failed connection), and a
 hung GPU server still accepts connections: requests sent to it waited until the read timeout,
-and nothing took it out. Each node's prober (glmdeploy.prober) runs the readiness generation
+and nothing took it out. Each node's prober (glmdeploy.monitoring.prober) runs the readiness generation
 every few seconds and exports how long the probe now running has waited; this service, on the
 balancer, reads every node's prober each second and marks a node `down` in nginx's
 configuration when

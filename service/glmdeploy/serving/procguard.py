@@ -27,10 +27,9 @@ A shell wrapper cannot set the subreaper or death-signal flags, hence a small Py
 It reads ``/proc`` itself rather than through ``psutil`` (in every node lock as vLLM's dependency:
 6.0.0 on gpu-cu121, 7.2.2 on cpu): neither release exposes a process's PID namespace, which the
 guard compares first, nor ``prctl``, which it sets; what psutil would replace is three short file
-reads (environment, command line, state) and the children lists; and the unit tests
-(tests/unit/test_procguard.py) run in the reference environment, which has no psutil.
+reads (environment, command line, state) and the children lists.
 
-Usage: ``python -m glmdeploy.procguard NAME -- COMMAND [ARG...]``
+Usage: ``python -m glmdeploy.serving.procguard NAME -- COMMAND [ARG...]``
 """
 
 from __future__ import annotations
@@ -255,7 +254,7 @@ def run(service: str, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m glmdeploy.procguard",
+        prog="python -m glmdeploy.serving.procguard",
         description="Run a service's command; when it exits, stop every process it started. "
         "Processes left by an earlier run of the same service are stopped first.",
     )

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Lock tooling: resolve `.in` files into hash-locked sets, fetch and check wheelhouses.
 
 Why a script and not bare `uv pip compile` in the Makefile: the resolve must be
@@ -12,26 +11,23 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import hashlib
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-# The registry's loader lives in the kit's control package; this script also runs outside the
-# tool environment (a bare `python3 constraints/lock.py`), so it finds the package itself.
-sys.path.insert(0, str(HERE.parent / "service"))
-from glmdeploy_control import registry  # noqa: E402
-
 # How a lock is read and compared with an environment: shared with the node-side module that checks
-# an environment before a deploy trusts it (module_utils, stdlib only).
-sys.path.insert(0, str(HERE.parent / "module_utils"))
-import glmdeploy_environment as environment  # noqa: E402
+# an environment before a deploy trusts it (module_utils, stdlib only; on the path through the
+# tool environment's .pth, or PYTHONPATH where the Makefile runs this before that exists).
+import glmdeploy_environment as environment
+import glmdeploy_integrity as integrity
 
-PROFILES = HERE / "profiles.toml"
+from glmdeploy_control import registry
+
+#: The registry, and beside it the lock files and their `.in` sources.
+PROFILES = registry.DEFAULT_PATH
+CONSTRAINTS = PROFILES.parent
 
 
 class LockError(RuntimeError):
@@ -52,8 +48,9 @@ def _lock_set(sets: dict[str, registry.LockSet], name: str) -> registry.LockSet:
     return sets[name]
 
 
-def lock_path(profile: str, python: str) -> Path:
-    return HERE / registry.load(PROFILES).lock_name(profile, python)
+def lock_path(profile: str, python: str, registry_file: Path = PROFILES) -> Path:
+    """The lock a profile installs for a Python, beside `registry_file` (another checkout's, for make verify)."""
+    return registry_file.parent / registry.load(registry_file).lock_name(profile, python)
 
 
 def pip_config(option: str) -> list[str]:
@@ -126,7 +123,7 @@ def compile_one(name: str, spec: registry.LockSet, python: str, out: Path) -> No
         uv(),
         "pip",
         "compile",
-        str(HERE / f"{name}.in"),
+        str(CONSTRAINTS / f"{name}.in"),
         "--generate-hashes",
         "--no-header",
         "--quiet",
@@ -159,7 +156,7 @@ def cmd_lock(args: argparse.Namespace) -> None:
         spec = _lock_set(profiles, name)
         for python in spec.python:
             compile_one(name, spec, python, lock_path(name, python))
-            print(f"    wrote {lock_path(name, python).relative_to(HERE.parent)}")
+            print(f"    wrote {lock_path(name, python).relative_to(CONSTRAINTS.parent)}")
 
 
 def cmd_check(args: argparse.Namespace) -> None:
@@ -191,11 +188,7 @@ def sha256(path: Path) -> str:
     st = path.stat()
     key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     if key not in _SHA256_SEEN:
-        digest = hashlib.sha256()
-        with path.open("rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-        _SHA256_SEEN[key] = digest.hexdigest()
+        _SHA256_SEEN[key] = integrity.file_sha256(path)
     return _SHA256_SEEN[key]
 
 
@@ -237,17 +230,6 @@ def platform_args(glibc_minor: int = 35) -> list[str]:
     return [arg for tag in tags for arg in ("--platform", tag)]
 
 
-def link_or_copy(src: Path, dest: Path) -> None:
-    """Hard link where both sides share a file system (no second copy of 3.3 GB), else copy; never half a file."""
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.part")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(src, tmp)
-    except OSError:
-        shutil.copyfile(src, tmp)
-    tmp.replace(dest)
-
-
 def sync_cache(lock: Path, source: Path, target: Path) -> int:
     """Put every wheel of `source` whose sha256 the lock holds into `target`; returns how many were placed.
 
@@ -270,7 +252,7 @@ def sync_cache(lock: Path, source: Path, target: Path) -> int:
             if existing.exists() and sha256(existing) in hashes:
                 continue
             if sha256(whl) in hashes:  # a damaged entry on the other side is replaced
-                link_or_copy(whl, existing)
+                integrity.place(whl, existing)
                 placed += 1
     except OSError as exc:  # the cache only saves time: a control node that cannot write it still works
         print(f"WARNING: wheel cache {target} not used: {exc}", file=sys.stderr)
@@ -348,7 +330,7 @@ def cmd_verify(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m glmdeploy_control.lock", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("lock", help="resolve .in files into hash-locked <profile>-pyXY.txt")
     p.add_argument("profile", nargs="*", help="profiles to lock (default: all)")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from glmdeploy.client import ServerError, ServerUnavailable
+from glmdeploy.api.client import ServerError, ServerUnavailable
 
 LANGUAGES = {"en": "English", "zh": "中文"}
 

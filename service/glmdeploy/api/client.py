@@ -9,7 +9,7 @@ Why `http.client` and not the `openai` or `httpx` package, although every node l
 - Neither openai release's `Stream` fails the way the kit's callers need: both raise only for an
   event whose JSON has an `error` key (vLLM's bare `{"object": "error", ...}` passes through as a
   chunk), and both end quietly when the stream stops before `[DONE]`, so a reply cut short by a
-  proxy timeout or a dead server looks complete. The kit's streams go through `glmdeploy.sse`,
+  proxy timeout or a dead server looks complete. The kit's streams go through `glmdeploy.api.sse`,
   which raises in both cases (its docstring says why it is hand-written too).
 - The requests carry vLLM's extensions (the prompt as token ids, `stop_token_ids`,
   `skip_special_tokens`, `ignore_eos`, `return_token_ids`) and the answers carry fields outside
@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from glmdeploy import chatglm3, sse
+from glmdeploy.api import sse
+from glmdeploy.model import chatglm3
 
 
 class ServerUnavailable(ConnectionError):
@@ -149,7 +150,7 @@ class ApiClient:
                 yield choice["text"]
 
     def stream_events(self, path: str, body: dict[str, Any]) -> Generator[dict[str, Any], None, None]:
-        """Decoded server-sent events of one streamed request, until `[DONE]` (glmdeploy.sse).
+        """Decoded server-sent events of one streamed request, until `[DONE]` (glmdeploy.api.sse).
 
         An error event (what vLLM sends when generation fails after the stream began, with
         HTTP 200 already sent) raises ServerError with the server's message and code, and so

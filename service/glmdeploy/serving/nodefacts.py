@@ -15,10 +15,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from glmdeploy import procguard, sizing
 from glmdeploy.config import NodeConfig
+from glmdeploy.serving import procguard, sizing
 
-#: The node's inference server, as glmdeploy.procguard marks its processes.
+#: The node's inference server, as glmdeploy.serving.procguard marks its processes.
 SERVICE = "vllm_server"
 
 

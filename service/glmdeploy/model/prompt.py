@@ -16,7 +16,7 @@ import copy
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from glmdeploy import chatglm3
+from glmdeploy.model import chatglm3
 
 
 class PromptInjectionError(ValueError):

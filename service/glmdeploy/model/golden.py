@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from glmdeploy import chatglm3
 from glmdeploy.manifest import file_sha256
-from glmdeploy.prompt import PromptBuilder, load_tokenizer
+from glmdeploy.model import chatglm3
+from glmdeploy.model.prompt import PromptBuilder, load_tokenizer
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -113,7 +113,7 @@ def _short(value: object) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m glmdeploy.golden", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m glmdeploy.model.golden", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="action", required=True)
     rec = sub.add_parser("record", help="print (or write) the golden record of a model directory's tokenizer")
     rec.add_argument("model_dir", type=Path)

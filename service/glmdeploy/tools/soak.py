@@ -6,7 +6,7 @@ not; a smoke suite of a minute cannot see either. A soak keeps a fixed number of
 with chat-shaped requests (a short question, a turn with its history, a long document, a long
 answer: `MIX`) for the whole duration, and every `window` records the failed requests, the
 time-to-first-token p95, the output tokens per second, the memory of the model server's whole
-process tree (PSS, every process of its runs: glmdeploy.procguard marks them) and, where NVML
+process tree (PSS, every process of its runs: glmdeploy.serving.procguard marks them) and, where NVML
 answers, the GPU memory in use. At the end, a verdict against the gates (`Gates`): no failed
 request; the memory's slope (least squares over the samples after the first window, which is
 warm-up) below a limit in MB per hour; the TTFT p95 of the run's last third no more than a share
@@ -30,9 +30,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from glmdeploy import bench, nodefacts
-from glmdeploy.client import ApiClient
+from glmdeploy.api.client import ApiClient
 from glmdeploy.config import NodeConfig
+from glmdeploy.serving import nodefacts
+from glmdeploy.tools.bench.client import PROMPT_ID_RANGE, SEED, one_request, percentiles, server_versions
 
 #: Request shapes (prompt tokens, output tokens), drawn in turn from a seeded generator: a short
 #: question, a chat turn with its history, a long document with a question, a long answer.
@@ -87,10 +88,10 @@ def _stream(client: ApiClient, run: _Run, end: float, shapes: list[tuple[int, in
     rng = random.Random(seed)
     while time.perf_counter() < end:
         prompt_len, output_len = rng.choice(shapes)
-        prompt = [rng.randrange(*bench.PROMPT_ID_RANGE) for _ in range(prompt_len)]
+        prompt = [rng.randrange(*PROMPT_ID_RANGE) for _ in range(prompt_len)]
         entry: Request
         try:
-            result = bench.one_request(client, prompt, output_len)
+            result = one_request(client, prompt, output_len)
             entry = (time.perf_counter() - run.start, result.ttft_s, result.output_tokens, "")
         except Exception as exc:  # every failure counts; the first few are named in the report
             entry = (time.perf_counter() - run.start, None, 0, str(exc)[:200])
@@ -127,7 +128,7 @@ def run_soak(
     end = run.start + duration_s
     threads = [threading.Thread(target=_sample, args=(run, end, sample_s, service), daemon=True)]
     threads += [
-        threading.Thread(target=_stream, args=(client, run, end, shapes, bench.SEED + i), daemon=True)
+        threading.Thread(target=_stream, args=(client, run, end, shapes, SEED + i), daemon=True)
         for i in range(concurrency)
     ]
     for thread in threads:
@@ -155,7 +156,7 @@ def windows(requests: list[Request], samples: list[Sample], window_s: float, dur
         done = [r for r in requests if index(r[0]) == i]
         ttfts = [r[1] for r in done if r[1] is not None]
         w.requests, w.failed = len(done), sum(1 for r in done if r[3])
-        w.ttft_p95_ms = bench.percentiles(ttfts)["p95"]
+        w.ttft_p95_ms = percentiles(ttfts)["p95"]
         w.output_tokens_per_s = round(sum(r[2] for r in done) / window_s, 1)  # the last: with the tail
         mem = [s.service_mb for s in samples if index(s.t_s) == i and s.service_mb is not None]
         gpu = [s.gpu_mb for s in samples if index(s.t_s) == i and s.gpu_mb is not None]
@@ -183,7 +184,7 @@ def ttft_drift(requests: list[Request], warm_up_s: float, duration_s: float) -> 
     last = [ttft for t, ttft in ok if t >= warm_up_s + 2 * third]
     if len(first) < 5 or len(last) < 5:
         return None
-    early, late = bench.percentiles(first)["p95"], bench.percentiles(last)["p95"]
+    early, late = percentiles(first)["p95"], percentiles(last)["p95"]
     return round(late / early - 1, 3), early, late
 
 
@@ -324,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         "mix": MIX,
         "gates": asdict(gates),
         "hardware": nodefacts.hardware(),
-        "versions": bench.server_versions(client),
+        "versions": server_versions(client),
         "windows": [asdict(w) for w in wins],
         "samples": [asdict(s) for s in samples],
         "errors": errors,

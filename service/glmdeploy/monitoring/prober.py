@@ -2,7 +2,7 @@
 
 Why: a server's /health answers 200 while its engine is stuck or emits garbage (the readiness
 check exists for the same reason). The prober runs the readiness generation itself
-(glmdeploy.ready.generate_once: the kit's chat prompt, 24 tokens, non-empty text, varied ids),
+(glmdeploy.serving.ready.generate_once: the kit's chat prompt, 24 tokens, non-empty text, varied ids),
 streamed so the first token's latency is measured, and serves on /metrics:
 
   glmdeploy_probe_success                 1 when the last probe generated properly, else 0
@@ -17,14 +17,14 @@ streamed so the first token's latency is measured, and serves on /metrics:
 
 and, with each probe, what the alerts need that no other exporter has:
 
-  glmdeploy_server_memory_bytes{measure}  the server's whole process tree (PSS; glmdeploy.soak's
+  glmdeploy_server_memory_bytes{measure}  the server's whole process tree (PSS; glmdeploy.tools.soak's
                                           measure, so the leak alert and the soak gate agree)
   glmdeploy_kit_disk_free_ratio           free space on the file system of the kit's root
   glmdeploy_baseline_ttft_p99_seconds{baseline}  the node's stored throughput baseline's TTFT p99
                                           (smoke_tests/baselines/<profile>-<class>.json; absent: none)
 
 Alerts read these (roles/monitoring/files/rules/), and so does the balancer's health check
-(glmdeploy.lb_health); the node's labels come from Prometheus.
+(glmdeploy.balancer.lb_health); the node's labels come from Prometheus.
 """
 
 from __future__ import annotations
@@ -42,11 +42,11 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from glmdeploy import nodefacts
-from glmdeploy.client import ApiClient, ServerError, ServerUnavailable
+from glmdeploy.api.client import ApiClient, ServerError, ServerUnavailable
 from glmdeploy.config import NodeConfig
-from glmdeploy.prompt import PromptBuilder, load_tokenizer
-from glmdeploy.ready import generate_once
+from glmdeploy.model.prompt import PromptBuilder, load_tokenizer
+from glmdeploy.serving import nodefacts
+from glmdeploy.serving.ready import generate_once
 
 RESULTS = ("ok", "unreachable", "server_error", "timeout", "bad_output")
 

@@ -17,8 +17,8 @@ The GPU classes (each card's memory, names and what its row asks of the engine) 
 registry's (constraints/profiles.toml [kit.gpu_classes]); a node gets them through its plan, in
 node.json (`gpu.classes`), and the role's module passes them in. This module holds the rules only.
 
-    python -m glmdeploy.sizing show rtx-4090 --json   # a class's settings (the node's node.json classes)
-    python -m glmdeploy.sizing detect --json          # this node's class and settings (NVML)
+    python -m glmdeploy.serving.sizing show rtx-4090 --json   # a class's settings (the node's node.json classes)
+    python -m glmdeploy.serving.sizing detect --json          # this node's class and settings (NVML)
 """
 
 from __future__ import annotations
@@ -312,7 +312,7 @@ def _detected(classes: Mapping[str, GpuClass]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m glmdeploy.sizing", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m glmdeploy.serving.sizing", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     table_cmd = sub.add_parser("table", help="print the settings of every class as a Markdown table")
     show = sub.add_parser("show", help="the settings of one class")

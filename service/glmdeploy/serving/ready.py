@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from glmdeploy.client import ApiClient, Completion, ServerError, ServerUnavailable
+from glmdeploy.api.client import ApiClient, Completion, ServerError, ServerUnavailable
 from glmdeploy.config import NodeConfig
-from glmdeploy.prompt import PromptBuilder, distinct_ratio, load_tokenizer
+from glmdeploy.model.prompt import PromptBuilder, distinct_ratio, load_tokenizer
 
 # A server that exited this many times since the wait began is crash-looping (its service
 # manager restarts it): waiting out the whole timeout would only hide the cause.
@@ -157,7 +157,7 @@ def check_generation(client: ApiClient, builder: PromptBuilder, tokens: int = 24
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m glmdeploy.ready", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m glmdeploy.serving.ready", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="node config (default: $GLMDEPLOY_NODE_CONFIG or /etc/glmdeploy/node.json)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for the server (default 300)")
     parser.add_argument("--log", type=Path, help="server log file: stop early when the server keeps crashing")

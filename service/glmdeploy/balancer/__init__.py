@@ -1,0 +1,3 @@
+"""The load balancer's own services (roles/load_balancer): health checks and API keys; run there as
+standalone files.
+"""

@@ -1,0 +1,1 @@
+"""The Streamlit chat UI a node serves (roles/chat_ui)."""

@@ -1,0 +1,3 @@
+"""What the monitoring host scrapes on each node (roles/node_metrics): the generation prober and
+the GPU exporter.
+"""

@@ -1,0 +1,3 @@
+"""Client tools run against a node: the benchmark, the load generator, the soak, the output
+recorder, the terminal chat.
+"""
