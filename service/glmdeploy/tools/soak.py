@@ -46,7 +46,8 @@ Request = tuple[float, float | None, int, str]
 
 @dataclass(frozen=True)
 class Gates:
-    """What a soak must show to pass. The defaults hold for the kit's nodes (docs/howto/soak.md)."""
+    """What a soak must show to pass. The defaults hold for the kit's nodes (docs/howto/upgrade-proof.md,
+    "Leaks and drift: the soak")."""
 
     #: Growth of the server's memory, MB per hour (least-squares slope after the warm-up window).
     memory_mb_per_h: float = 256.0

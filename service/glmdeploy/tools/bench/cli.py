@@ -48,7 +48,8 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line: run, baseline, sweep, multiturn (each against a node), compare (of files)."""
     parser = argparse.ArgumentParser(prog="python -m glmdeploy.tools.bench", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_text in (
@@ -108,7 +109,11 @@ def main(argv: list[str] | None = None) -> int:
         "sweeps", type=Path, nargs="+", help="sweep JSONs (make bench / sweep --json); the first is the reference"
     )
     cmp.add_argument("--json", type=Path, help="also write the comparison here")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     if args.command == "compare":
         return compare_command(args.sweeps, args.json)
     client, settings = _client(args)
