@@ -99,12 +99,12 @@ tokenizer_args() {  # the server's tokenizer arguments for TOKENIZER_MODE
   esac
 }
 
-node_json() {  # the node config the smoke suite and the bench read
+node_json() {  # the node config the smoke suite, the bench and the sizing read (the GPU classes: the registry's, as a node's plan gives them)
   cat > "$NODE" <<EOF
 {"api_url": "http://127.0.0.1:8000/v1", "served_model_name": "chatglm3-6b-32k", "model_dir": "$MODEL",
  "model_name": "$MODEL_NAME", "server_returns_token_ids": true,
  "profile": "$NODE_PROFILE", "dtype": "float16", "max_model_len": 32768, "trust_remote_code": true,
- "gpu": {"min_driver": "530.30.02", "min_memory_mib": 22500},
+ "gpu": {"min_driver": "530.30.02", "min_memory_mib": 22500, "classes": $(python3 -m glmdeploy_control.registry get kit.gpu_classes)},
  "service_unit": "none", "service_log_file": "$1", "api_key": "", "ui_url": ""}
 EOF
 }
@@ -144,7 +144,8 @@ start_server() {  # $1: label; the rest: extra vLLM arguments
 }
 
 kit_args() {  # the settings glmdeploy.serving.sizing derives for this node's GPU, as vLLM arguments ($@: sizing options)
-  python3 -m glmdeploy.serving.sizing detect --json "$@" | python3 -c "import json,sys; print(' '.join(json.load(sys.stdin)['vllm_args']))"
+  [ -f "$NODE" ] || node_json /dev/null
+  python3 -m glmdeploy.serving.sizing detect --node-json "$NODE" --json "$@" | python3 -c "import json,sys; print(' '.join(json.load(sys.stdin)['vllm_args']))"
 }
 
 stop_server() {  # and wait until the GPU is free again (the next server takes 90 % of it)
@@ -231,14 +232,15 @@ config_args() {  # $1: a configuration name -> vLLM arguments
   esac
 }
 
+node_json /dev/null   # every stage's sizing reads the GPU classes from it; servers rewrite it with their log
 case "${1:-}" in
 stage1)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
   cp .gpu/vllm.tar.xz.part* "$STASH"/
   nvidia-smi --query-gpu=name,driver_version,memory.total,persistence_mode,ecc.mode.current --format=csv | tee "$OUT/gpu.txt"
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
-  python3 -m glmdeploy.serving.sizing detect --json | tee "$OUT/sizing.json"
   node_json /dev/null
+  python3 -m glmdeploy.serving.sizing detect --node-json "$NODE" --json | tee "$OUT/sizing.json"
   GLMDEPLOY_NODE_CONFIG=$NODE python3 -m pytest -q -rs -p no:cacheprovider smoke_tests/test_gpu.py 2>&1 | tee "$OUT/smoke-nvml.txt"
   ;;
 stage2b)  # the benches of stage2 only (vLLM already unpacked on a warm machine)
@@ -272,7 +274,7 @@ baseline)  # the smoke suite's throughput baseline for this class, then the smok
 tp2)  # tensor parallel across both GPUs of an nvidia-h200-x2 machine (after stage1 there)
   cp .gpu/vllm.tar.xz.part* "$STASH"/ 2>/dev/null
   [ -d "$SITE/vllm" ] || { cat "$STASH"/vllm.tar.xz.part* | xz -d -T0 | tar -C "$SITE" -xf - || exit 1; }
-  python3 -m glmdeploy.serving.sizing detect --tensor-parallel 2 --json | tee "$OUT/sizing-tp2.json"
+  python3 -m glmdeploy.serving.sizing detect --node-json "$NODE" --tensor-parallel 2 --json | tee "$OUT/sizing-tp2.json"
   start_server tp2 $(kit_args --tensor-parallel 2) || exit 1
   grep -iE "KV cache|GPU blocks|tensor_parallel_size=" "$OUT/server-tp2.log" | cut -c1-400 | tee "$OUT/kv-tp2.txt"
   GLMDEPLOY_NODE_CONFIG=$NODE python3 -m pytest -q -rs -p no:cacheprovider smoke_tests/test_gpu.py \
@@ -512,7 +514,7 @@ card24)  # (after stage1) a 24 GB card emulated: the engine's memory budget cut 
   results_dir card24
   ensure_vllm || exit 1
   versions "$RES/versions.txt"
-  python3 -m glmdeploy.serving.sizing show rtx-4090 --json > "$RES/sizing-rtx-4090.json"
+  python3 -m glmdeploy.serving.sizing show rtx-4090 --node-json "$NODE" --json > "$RES/sizing-rtx-4090.json"
   # The budget vLLM plans with is gpu_memory_utilization x the card's total memory: the 4090 row's
   # 0.90 x 23.99 GiB; here the same bytes are that budget over the H200's total.
   args=$(python3 tests/gpu/card24_args.py "$RES/sizing-rtx-4090.json" 2> "$RES/arithmetic.txt") || exit 1
