@@ -90,7 +90,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: apt-repo control-packages sizes stage fixture-full firewall keys soak output-lock image image-smoke e2e-image test-inputs test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e e2e-node e2e-hosts test clean
+.PHONY: backup restore apt-repo control-packages sizes stage fixture-full firewall keys soak output-lock image image-smoke e2e-image test-inputs test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e e2e-node e2e-hosts test clean
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -256,6 +256,14 @@ keys: tools ## API keys at the balancer: ADD=<name> creates one (shown once), RE
 	@$(TOOLS)/bin/python -m glmdeploy_control.keys --store $(KEYS_STORE) --inventory $(INVENTORY) \
 	  $(if $(ADD),--add "$(ADD)") $(if $(REVOKE),--revoke "$(REVOKE)") \
 	  $(if $(ADD)$(REVOKE),-- $(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/keys.yml $(ANSIBLE_ARGS))
+
+backup: tools ## What this control node must not lose (secrets, locks, recordings; INVENTORY when not this machine's) in one archive: OUT=<file> (default backup-<date>.tar.gz), mode 0600
+	@$(TOOLS)/bin/python -m glmdeploy_control.backup write --out "$(or $(OUT),backup-$(shell date -u +%Y%m%dT%H%M%SZ).tar.gz)" \
+	  $(if $(filter-out playbooks/localhost.ini,$(INVENTORY)),--inventory "$(INVENTORY)")
+
+restore: tools ## Take up a backup in this checkout: ARCHIVE=<file>; files that differ are refused unless FORCE=1
+	@test -n "$(ARCHIVE)" || { echo "error: ARCHIVE=<the file make backup wrote> is required"; exit 2; }
+	@$(TOOLS)/bin/python -m glmdeploy_control.backup restore "$(ARCHIVE)" $(if $(FORCE),--force)
 
 drain: tools ## Take HOST out of the load balancer (in-flight requests finish; it stays drained until undrain)
 	@test -n "$(HOST)" || { echo "error: HOST=<inventory name of a node> is required"; exit 2; }
