@@ -294,13 +294,9 @@ def shot(page, name: str) -> None:
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
 
 
-def server_metric(api_url: str, name: str, label: str = "") -> float:
-    """One of the server's own gauges or counters, summed over its labels (its /metrics); with
-    `label` (`key="value"`), over the series that carry it only."""
+def server_metric(api_url: str, name: str) -> float:
+    """One of the server's own gauges or counters, summed over its labels (its /metrics)."""
     text = urllib.request.urlopen(api_url.rsplit("/v1", 1)[0] + "/metrics", timeout=10).read().decode()
-    if label:
-        text = "\n".join(line for line in text.splitlines() if label in line)
-        assert name in metric_values(text), f"the server's /metrics has no {name}{{{label}}} series"
     return metric_values(text).get(name, 0.0)
 
 
@@ -399,7 +395,6 @@ def test_chat_ui_trims_a_long_chat_refuses_a_too_long_message_stops_and_regenera
         # as stopped. A Stop that never stops anything fails all four.
         for attempt in range(4):
             before = server_metric(node["api_url"], "vllm:generation_tokens_total")
-            ran_out = server_metric(node["api_url"], "vllm:request_success_total", 'finished_reason="length"')
             if attempt == 0:
                 send(page, "Tell me a very long story.")
             else:
@@ -436,12 +431,10 @@ def test_chat_ui_trims_a_long_chat_refuses_a_too_long_message_stops_and_regenera
             assert time.monotonic() < deadline, "the server still runs the stopped request after 30 s"
             time.sleep(0.2)
         generated = server_metric(node["api_url"], "vllm:generation_tokens_total") - before
-        # The proof that the server aborted it: the request did not end by running out of its
-        # budget. Not a token count against a clock: a busy page answers the click late (1,814 of
-        # 2,048 tokens once, under CI's load) and the request was still aborted.
-        assert server_metric(node["api_url"], "vllm:request_success_total", 'finished_reason="length"') == ran_out, (
-            f"the stopped request ran on to its {STOP_BUDGET:,}-token budget: the server was not told to stop"
-        )
+        # The proof that the server aborted it: its running count fell to 0 (above) with fewer tokens
+        # generated than the budget, in all (the page's status checks add one each, and end as
+        # "length": the server's finish-reason counters cannot tell the stopped request apart). Not a count against a clock: a busy page takes the
+        # click late (1,814 of 2,048 tokens once, under CI's load) and the request is still aborted.
         assert generated < STOP_BUDGET, f"{generated} tokens generated: the stopped reply ran its whole budget"
         shot(page, "reply-stopped")
 
