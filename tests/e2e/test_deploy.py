@@ -433,8 +433,9 @@ def test_chat_ui_trims_a_long_chat_refuses_a_too_long_message_stops_and_regenera
         generated = server_metric(node["api_url"], "vllm:generation_tokens_total") - before
         # The proof that the server aborted it: its running count fell to 0 (above) with fewer tokens
         # generated than the budget, in all (the page's status checks add one each, and end as
-        # "length": the server's finish-reason counters cannot tell the stopped request apart). Not a count against a clock: a busy page takes the
-        # click late (1,814 of 2,048 tokens once, under CI's load) and the request is still aborted.
+        # "length": the server's finish-reason counters cannot tell the stopped request apart). Not a
+        # count against a clock: a busy page takes the click late (1,814 of 2,048 tokens once, under
+        # CI's load) and the request is still aborted.
         assert generated < STOP_BUDGET, f"{generated} tokens generated: the stopped reply ran its whole budget"
         shot(page, "reply-stopped")
 
