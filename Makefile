@@ -123,7 +123,9 @@ UV_INSTALL = $(TOOLS)/bin/uv pip install -q --python $(1)/bin/python --no-deps -
 # the file an editable install writes for this layout: `python -m
 # glmdeploy.<module>` works with nothing set in the environment. Nodes get the wheel instead
 # (roles/python_env, tasks/kit.yml).
-CHECKOUT_PTH := lib/python3.11/site-packages/glmdeploy-checkout.pth
+# Named for what it holds: a checkout whose venvs have the earlier file (service/ only) gets this
+# one made by the next make, with nothing to clean by hand.
+CHECKOUT_PTH := lib/python3.11/site-packages/glmdeploy-checkout-service-module_utils.pth
 $(TOOLS)/$(CHECKOUT_PTH): $(TOOLS)/.stamp
 	@printf '%s\n' "$(CURDIR)/service" "$(CURDIR)/module_utils" > $@
 $(REFENV)/$(CHECKOUT_PTH): $(REFENV)/.stamp
