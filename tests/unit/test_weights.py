@@ -235,7 +235,8 @@ def _make(tmp_path: Path, *assignments: str, endpoint: str | None = None) -> sub
     if endpoint:
         env["HF_ENDPOINT"] = endpoint
     refenv = ".venv/tokenizer-ref"
-    keep = ["-o", f"{refenv}/.stamp", "-o", f"{refenv}/lib/python3.11/site-packages/glmdeploy-checkout-service-module_utils.pth"]
+    pth = f"{refenv}/lib/python3.11/site-packages/glmdeploy-checkout-service-module_utils.pth"
+    keep = ["-o", f"{refenv}/.stamp", "-o", pth]
     return subprocess.run(
         ["make", "--no-print-directory", *keep, "weights", *assignments, f"ARTIFACTS={tmp_path / 'artifacts'}"],
         cwd=ROOT,
