@@ -27,6 +27,7 @@ FIELDS = (
     "os",
     "kernel",
     "driver",
+    "driver_state",
     "cuda",
     "python",
     "profile",
@@ -98,6 +99,14 @@ def _apt(path: Path) -> tuple[str, str]:
     return f"{len(packages)} packages from {data.get('lock', '?')}, set {digest}", str(data.get("drift", ""))
 
 
+def _driver(path: Path) -> tuple[str, list[str]]:
+    """The driver's state (roles/nvidia_driver, tasks_from: status) and its findings, each with its fix."""
+    if not path.exists():
+        return "not checked", []
+    data = json.loads(path.read_text())
+    return str(data.get("summary", "?")), [str(f) for f in data.get("findings", [])]
+
+
 def _failure(result: dict[str, Any]) -> str:
     """`test_name: the assertion's first line`, so the fleet report names what broke."""
     name = str(result.get("test", "")).split("::")[-1]
@@ -138,6 +147,7 @@ def build(reports: Path, root: Path, model_root: Path) -> dict[str, Any]:
         fp["_smoke_failures"] = [_failure(r) for r in smoke.get("results", []) if r.get("outcome") == "failed"]
         fp["outputs"] = _outputs(smoke.get("results", []))
         fp["apt"], fp["_apt_drift"] = _apt(host_dir / "apt.json")
+        fp["driver_state"], fp["_driver_findings"] = _driver(host_dir / "driver.json")
         exporters_file = host_dir / "exporters.json"
         exporters = json.loads(exporters_file.read_text()) if exporters_file.exists() else {}
         for field in EXPORTER_FIELDS:
@@ -167,6 +177,8 @@ def build(reports: Path, root: Path, model_root: Path) -> dict[str, Any]:
             marks[host]["packages"] = "not the lock: " + "; ".join(drift[:8]) + (" ..." if len(drift) > 8 else "")
         if fp.get("_apt_drift"):
             marks[host]["apt"] = "not the apt lock: " + str(fp["_apt_drift"])
+        if fp.get("_driver_findings"):
+            marks[host]["driver_state"] = " | ".join(fp["_driver_findings"])
         if str(fp["outputs"]).startswith("changed"):
             marks[host]["outputs"] = "the greedy outputs differ from their recording (smoke_tests/outputs/)"
         elif str(fp["outputs"]).startswith("could not run"):

@@ -85,3 +85,18 @@ def test_secure_boot_on_needs_a_module_signed_by_an_enrolled_key(modinfo, key, p
 @pytest.mark.parametrize("sb_file", ["mokutil-sb-disabled.txt", "mokutil-sb-no-efi.txt"])
 def test_an_unsigned_module_is_fine_where_secure_boot_is_not_enforced(sb_file):
     assert driver.findings(healthy(sb_state=read(sb_file), modinfo=read("modinfo-unsigned.txt"))) == []
+
+
+def test_the_module_reads_a_node_without_a_driver_as_no_driver_with_no_finding():
+    """The gathering half (library/glmdeploy_driver_state.py) run as Ansible runs it, on this machine:
+    no NVIDIA driver here, so the row says so and names nothing (a cpu node's row in make verify)."""
+    import json
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "support"))
+    from local_play import ROOT, run_module
+
+    proc = run_module(ROOT / "library" / "glmdeploy_driver_state.py", {"library_package": "libnvidia-ml1"}, check=True)
+    result = json.loads(proc.stdout)
+    assert result["present"] is False and result["findings"] == [] and result["changed"] is False, result
+    assert result["summary"].startswith("no NVIDIA driver; Secure Boot "), result

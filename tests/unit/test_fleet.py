@@ -269,3 +269,22 @@ def test_a_balancer_package_changed_in_place_is_named_though_left_out_of_the_com
     _apt_report(reports, "node2")
     problems = build(reports, ROOT, models)["problems"]
     assert problems == ["node1: apt: not the apt lock: nginx installed 1.22.1-9+deb12u9, locked 1.22.1-9+deb12u12"]
+
+
+def _driver_report(reports, host, findings=()):
+    summary = "loaded 535.261.03, libraries 535.261.03, next boot 6.1.0-41-amd64 module installed; Secure Boot off"
+    (reports / host / "driver.json").write_text(
+        json.dumps({"present": True, "summary": summary, "findings": list(findings)})
+    )
+
+
+def test_a_node_whose_next_boot_has_no_module_is_named_with_its_fix_and_identical_nodes_share_the_driver_row(fleet):
+    reports, models = fleet
+    _driver_report(reports, "node1")
+    _driver_report(reports, "node2")
+    report = build(reports, ROOT, models)
+    assert report["problems"] == []
+    assert report["hosts"]["node1"]["driver_state"] == report["hosts"]["node2"]["driver_state"]
+    finding = "the kernel the node boots next, 6.1.0-42-amd64, has no installed NVIDIA module ... fix: make driver"
+    _driver_report(reports, "node2", [finding])
+    assert build(reports, ROOT, models)["problems"] == [f"node2: driver_state: {finding}"]
