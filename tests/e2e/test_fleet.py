@@ -1482,6 +1482,81 @@ def test_a_hung_node_leaves_the_rotation_in_seconds_and_no_request_waits_past_th
     assert back, f"the node did not come back after SIGCONT: {lb_status()}"
 
 
+def kit_units(host: str) -> dict[str, dict[str, str]]:
+    """The kit's units on a host (glmdeploy-*), each with its state and when it started (systemd's
+    monotonic clock of that boot)."""
+    fields = "Id,ActiveState,ActiveEnterTimestampMonotonic,ExecMainStartTimestampMonotonic"
+    out = on_host(host, f"systemctl show -p {fields} 'glmdeploy-*.service'").stdout
+    units = [dict(line.split("=", 1) for line in block.splitlines() if "=" in line) for block in out.split("\n\n")]
+    return {u["Id"]: u for u in units if u.get("Id")}
+
+
+def serving_again(host: str, booted: float) -> dict[str, float]:
+    """Seconds from the host's boot to its sshd, to a generation through its own server (the kit's
+    readiness check), and to its return to the balancer's rotation by the generation probes."""
+    hostctl.wait_port(hostctl.host_ip(host), 22, 120, f"sshd on {host}")
+    marks = {"ssh": round(time.monotonic() - booted, 1)}
+    assert node_generates(host), f"{host} did not generate within 300 s of its sshd coming back"
+    marks["generating"] = round(time.monotonic() - booted, 1)
+    assert until(lambda: in_rotation(host), 120, every=0.5), f"{host} generates but is not back: {lb_status()}"
+    marks["in rotation"] = round(time.monotonic() - booted, 1)
+    return marks
+
+
+@pytest.mark.drill
+@pytest.mark.parametrize("how", ["reboot", "power cut"])
+def test_a_node_comes_back_on_its_own_after_a_reboot_and_a_power_cut(fleet, how):
+    """Paced load through the balancer while one node is rebooted (its own `systemctl reboot`) or its
+    power cut (every process of the host killed at once): it comes back with no control node, on the
+    same release, its units up with the firewall first, the prober green, back in the rotation;
+    requests fail only as for a hung node, and the not-generating alert fires and resolves.
+
+    The clean reboot is a cpu node; the power cut is the gpu-cu121 rehearsal node (its engine comes
+    back through the kit's unit and the rehearsal's drop-in alike)."""
+    host, key, bound = (CPU if how == "reboot" else GPU), KEY_FILE.read_text().strip(), read_timeout_s()
+    assert until(lambda: in_rotation(host), 120, every=0.5), lb_status()
+    release, units = releases_of(host)["current"], kit_units(host)
+    assert units and all(u["ActiveState"] == "active" for u in units.values()), units
+    with TimedLoad(key) as load:
+        cut = time.time()
+        booted = hostctl.reboot(host, power_cut=how == "power cut")
+        marks = serving_again(host, booted)
+    FIGURES[f"{how} of {host}: boot to sshd / generating / in rotation (s)"] = list(marks.values())
+    assert releases_of(host)["current"] == release, "the node came back on another release"
+    after = until(lambda: (u := kit_units(host)) and all(x["ActiveState"] == "active" for x in u.values()) and u, 120)
+    assert after and set(after) == set(units), f"units before {sorted(units)}, after: {after}"
+    fw = after["glmdeploy-firewall.service"]["ActiveEnterTimestampMonotonic"]
+    late = [
+        n
+        for n, u in after.items()
+        if n != "glmdeploy-firewall.service" and int(u["ExecMainStartTimestampMonotonic"]) < int(fw)
+    ]
+    assert not late, f"started before the firewall was loaded: {late}"
+    assert on_host(host, "nft list table inet glmdeploy_firewall").returncode == 0, "the firewall's table is not loaded"
+    assert until(lambda: prom_values("glmdeploy_probe_success").get(host) == 1, 120), (
+        f"the prober of {host} is not green"
+    )
+    fired = WEBHOOK.wait_for("GlmdeployNodeNotGenerating", host, "firing", cut, timeout=180)
+    resolved = WEBHOOK.wait_for("GlmdeployNodeNotGenerating", host, "resolved", cut, timeout=180)
+    FIGURES[f"{how} of {host}: not-generating alert fired / resolved after the cut (s)"] = [
+        round(fired - cut, 1),
+        round(resolved - cut, 1),
+    ]
+    waits = [r["first_byte_s"] if r["first_byte_s"] is not None else r["total_s"] for r in load.rows]
+    failed = [r for r in load.rows if r["status"] != 200]
+    FIGURES[f"{how} of {host}: requests sent / failed / longest first-byte wait (s) / bound (s)"] = [
+        len(load.rows),
+        len(failed),
+        round(max(waits), 1),
+        bound,
+    ]
+    assert max(waits) <= bound + 15, f"a request waited {max(waits):.0f} s (bound {bound:.0f} s, then another node)"
+    assert len(failed) <= len(load.threads), f"{len(failed)} of {len(load.rows)} failed: more than the streams it held"
+    if how == "power cut":  # both have happened: the fleet is as it was
+        verified = make("verify", f"INVENTORY={fleet['inventory']}", timeout=900)
+        assert verified.returncode == 0, verified.stdout[-3000:]
+
+
 @pytest.mark.drill
 def test_kill_9_of_the_engine_alone_retries_the_requests_that_had_not_started(fleet):
     """kill -9 of the engine process only: the API server stays up for a moment and answers errors;

@@ -21,7 +21,7 @@ overlay root). Each host gets CAP_NET_ADMIN (nspawn grants it only with a networ
 its own making): the kit's node firewall loads nftables rules there, in the host's own network
 namespace.
 
-Usage (root): hostctl.py up N [--debian13 K] | down | status | golden
+Usage (root): hostctl.py up N [--debian13 K] | down | status | golden | reboot NAME [--power-cut]
 """
 
 from __future__ import annotations
@@ -389,6 +389,50 @@ def up(count: int, debian13: int = 0) -> dict[str, object]:
     return report
 
 
+def host_binds(name: str) -> tuple[str, ...]:
+    """What `up` bound into the host: the kit's image store, on Debian 13 hosts only."""
+    suites = json.loads((STATE / "hosts.json").read_text()).get("suites", {}) if (STATE / "hosts.json").exists() else {}
+    return (f"{STATE / name / 'images'}:{IMAGE_STORE}",) if suites.get(name) == "trixie" else ()
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    """Until the launcher `pid` has ended (reaped here when this process started it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        if started(pid) is None:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def reboot(name: str, power_cut: bool = False, timeout: float = 120) -> float:
+    """Reboot one host and return the monotonic time its systemd was started again.
+
+    A clean reboot is the host's own `systemctl reboot` (nspawn exits when its systemd asks for a
+    reboot, so this starts it again, as firmware would). A power cut is every process of the host
+    killed at once (SIGKILL through its cgroups, no shutdown). What the stand-in does not prove: the
+    host shares this machine's kernel, so writes that were not yet on disk survive the "power cut"
+    in the page cache; a real one loses them (the kit's own writes are whole-file renames).
+    """
+    hdir = STATE / name
+    if not (hdir / "pid").exists():
+        raise HostError(f"{name} is not up: run `make hosts N=...` first")
+    pid = int((hdir / "pid").read_text().strip())
+    if power_cut:
+        kill_cgroups([name])
+    else:
+        ssh(name, ensure_key(), "systemctl reboot")
+    if not wait_gone(pid, timeout):
+        raise HostError(f"{name}: its systemd had not stopped {timeout:.0f}s after the reboot was asked for")
+    kill_cgroups([name])  # a clean reboot leaves nothing; make sure before the next boot
+    booted = time.monotonic()
+    boot(name, hdir / "merged", binds=host_binds(name))
+    log(f"{name}: {'power cut' if power_cut else 'rebooted'}, booting again")
+    return booted
+
+
 def ssh(name: str, key: Path, command: str, check: bool = False) -> subprocess.CompletedProcess[str]:
     return run(
         "ssh",
@@ -541,6 +585,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("down", help="destroy every test host and the controller-side servers")
     sub.add_parser("status", help="list the hosts")
     sub.add_parser("golden", help="build (or reuse) the cached golden rootfs")
+    p = sub.add_parser("reboot", help="reboot one host, or cut its power (--power-cut), and boot it again")
+    p.add_argument("name")
+    p.add_argument("--power-cut", action="store_true", help="kill every process of the host instead of a clean reboot")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "up":
@@ -551,6 +598,10 @@ def main(argv: list[str] | None = None) -> int:
             down()
         elif args.cmd == "status":
             status()
+        elif args.cmd == "reboot":
+            reboot(args.name, args.power_cut)
+            wait_port(host_ip(args.name), 22, 60, f"sshd on {args.name}")
+            wait_running(args.name, ensure_key())
         else:
             ensure_golden()
     except HostError as exc:
