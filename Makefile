@@ -90,7 +90,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: backup restore apt-repo control-packages sizes stage fixture-full firewall keys soak output-lock image image-smoke e2e-image test-inputs test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e e2e-node e2e-hosts test clean
+.PHONY: update backup restore apt-repo control-packages sizes stage fixture-full firewall keys soak output-lock image image-smoke e2e-image test-inputs test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e e2e-node e2e-hosts test clean
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -280,6 +280,9 @@ rollout: tools $(REFENV_READY) fixture control-packages ## Upgrade the fleet one
 	  -e rollout_serial=$(ROLLOUT_SERIAL) -e rollout_max_fail_percentage=$(ROLLOUT_MAX_FAIL) -e rollout_soak=$(ROLLOUT_SOAK) \
 	  $(ANSIBLE_ARGS) || rc=$$?; \
 	  $(MAKE) --no-print-directory releases; exit $$rc
+
+update: tools $(REFENV_READY) fixture control-packages ## Bring the kit's distribution packages to each node's apt lock (after make lock takes the release's updates), one node at a time out of the balancer; a node failing its gate returns to its previous versions and the run stops
+	$(SERVE_ARTIFACTS) ansible-playbook -i $(INVENTORY) playbooks/update.yml $(FORCE_PROFILE) $(ANSIBLE_ARGS)
 
 rollback: tools ## Return every node (or HOST=node) to its previous release, one at a time out of the balancer
 	@rc=0; $(RUN_LOCKED) ansible-playbook -i $(INVENTORY) playbooks/rollback.yml $(FORCE_PROFILE) $(if $(HOST),--limit $(HOST)) $(ANSIBLE_ARGS) || rc=$$?; \

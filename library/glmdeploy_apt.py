@@ -66,6 +66,7 @@ drift: {description: "package -> {installed, locked} for each package found at a
 packages: {description: "package -> {installed, locked, installer} for every package checked", type: dict}
 summary: {description: "the drift in one line: <package> installed <version>, locked <version>; ...", type: str}
 missing: {description: packages that were not installed, type: list}
+source: {description: "the kit's repository this node last installed from, by name (\"\" never)", type: str}
 """
 
 
@@ -135,6 +136,17 @@ def read_record(state: Path) -> dict[str, str]:
     return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
+def last_source(state: Path) -> str:
+    """The name of the kit's repository this node last installed from (its sources.list, written
+    by prepare): the one that carries the versions a failed update goes back to (make update)."""
+    try:
+        line = (state / "sources.list").read_text().split()
+    except OSError:
+        return ""
+    uri = next((word for word in line if "://" in word or word.startswith("file:")), "")
+    return uri.rstrip("/").rsplit("/", 1)[-1]
+
+
 def write_record(state: Path, record: dict[str, str]) -> None:
     state.mkdir(parents=True, exist_ok=True)
     tmp = state / ".installed.json.tmp"
@@ -179,6 +191,7 @@ def main() -> None:
         "installed": have,
         "drift": drift,
         "missing": missing,
+        "source": last_source(state),
         "changed": False,
         "packages": {
             n: {

@@ -342,9 +342,9 @@ def sizes(lock: dict[str, object]) -> str:
 
 
 # ---------------------------------------------------------------- the repository
-def repo_name(reg: registry.Registry, name: str) -> str:
+def repo_name(reg: registry.Registry, name: str, lock_file: Path | None = None) -> str:
     """The repository's directory: the release and the lock's digest (a new lock, a new repository)."""
-    return f"{name}-{hashlib.sha256(lock_path(reg, name).read_bytes()).hexdigest()[:12]}"
+    return f"{name}-{hashlib.sha256((lock_file or lock_path(reg, name)).read_bytes()).hexdigest()[:12]}"
 
 
 @contextlib.contextmanager
@@ -392,10 +392,18 @@ def _gpg(home: Path, *args: str) -> str:
     return proc.stdout
 
 
-def build_repo(reg: registry.Registry, name: str, artifacts: Path, cache: Path, mirror: str | None = None) -> Path:
-    """artifacts/apt/<release>-<digest>/: the lock's .debs, checked, indexed and signed; made once."""
-    lock = read_lock(reg, name)
-    repo = artifacts / "apt" / repo_name(reg, name)
+def build_repo(
+    reg: registry.Registry,
+    name: str,
+    artifacts: Path,
+    cache: Path,
+    mirror: str | None = None,
+    lock_file: Path | None = None,
+) -> Path:
+    """artifacts/apt/<release>-<digest>/: the lock's .debs, checked, indexed and signed; made once.
+    `lock_file`: another lock of the release than the committed one (an update drill's older lock)."""
+    lock = json.loads(lock_file.read_text()) if lock_file else read_lock(reg, name)
+    repo = artifacts / "apt" / repo_name(reg, name, lock_file)
     if (repo / "InRelease").exists():
         return repo
     if shutil.which("apt-ftparchive") is None:
@@ -533,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument(
                 "--cache", type=Path, default=DEFAULT_CACHE, help=f"downloaded .debs (default {DEFAULT_CACHE})"
             )
+            p.add_argument("--lock", type=Path, help="another lock file of the release (default: the committed one)")
     args = parser.parse_args(argv)
     reg = registry.load()
     releases = args.release or list(reg.kit.apt.releases)
@@ -546,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
             return check(reg, releases, args.mirror, args.strict)
         elif args.command == "repo":
             for name in releases:
-                print(build_repo(reg, name, args.artifacts, args.cache, args.mirror))
+                print(build_repo(reg, name, args.artifacts, args.cache, args.mirror, args.lock))
         elif args.command == "sizes":
             for name in releases:
                 print(sizes(read_lock(reg, name)))

@@ -451,6 +451,82 @@ def test_a_package_changed_in_place_is_named_refused_without_repair_and_repaired
     assert again.returncode == 0, again.stdout[-3000:]
 
 
+def _lock_with_older(package: str, dest: Path) -> tuple[Path, str]:
+    """The committed debian-12 lock with `package` at the version the release had before its
+    security update (the mirror's other version, with its SHA256 from the release's signed index):
+    the lock a fleet ran before `make lock` took that update."""
+    from glmdeploy_control import aptlock, registry
+
+    release = registry.load().kit.apt.releases["debian-12"]
+    apt = aptlock.PrivateApt(dest / "apt", aptlock.mirror_sources(release, None, {"bookworm"}))
+    apt.prepare()
+    apt.run("apt-get", "update", "-q")
+    locked = APT_LOCK["packages"][package]["version"]
+    versions = [line.split("|")[1].strip() for line in apt.run("apt-cache", "madison", package).splitlines()]
+    older = next((v for v in versions if v != locked), None)
+    if older is None:
+        pytest.skip(f"the mirror carries no other {package} than the locked {locked}")
+    fields = dict(
+        line.split(": ", 1) for line in apt.run("apt-cache", "show", f"{package}={older}").splitlines() if ": " in line
+    )
+    lock = json.loads(json.dumps(APT_LOCK))
+    lock["packages"][package] |= {
+        "version": older,
+        "pool": fields["Filename"].removeprefix("pool/"),
+        "filename": Path(fields["Filename"]).name,
+        "sha256": fields["SHA256"],
+        "size": int(fields["Size"]),
+    }
+    path = dest / "debian-12-before-update.lock"
+    path.write_text(json.dumps(lock, indent=1, sort_keys=True) + "\n")
+    return path, older
+
+
+def installed(host: str, package: str) -> str:
+    return on_host(host, f"dpkg-query -W -f '${{Version}}' {package}").stdout.strip()
+
+
+@pytest.mark.drill
+def test_update_brings_a_security_update_node_by_node_and_a_node_failing_its_gate_returns_to_its_versions(
+    fleet, tmp_path
+):
+    """zstd (on every node) as the release had it, then its security update: the fleet is taken to
+    the older lock by make update, then make update takes the committed lock (the security suite's
+    zstd) with the last host made to fail its gate (its smoke suite pointed at a missing node file):
+    the hosts before it end on the new version and in rotation, the failed one is back on the
+    version it had, out of rotation, and the run stops there naming it."""
+    package, locked = "zstd", APT_LOCK["packages"]["zstd"]["version"]
+    older_lock, older = _lock_with_older(package, tmp_path)
+    to_older = make(
+        "update",
+        f"INVENTORY={fleet['inventory']}",
+        f"ANSIBLE_ARGS=-e glmdeploy_apt_lock_file={older_lock}",
+        timeout=2400,
+    )
+    FIGURES["make update, 3 hosts, one package each (s)"] = round(to_older.elapsed, 1)  # type: ignore[attr-defined]
+    assert to_older.returncode == 0, deploy_failure_summary(to_older)
+    assert {h: installed(h, package) for h in HOSTS} == dict.fromkeys(HOSTS, older)
+    inventory = tmp_path / "inventory-failing-gate.ini"
+    text = Path(fleet["inventory"]).read_text()
+    inventory.write_text(re.sub(rf"^({GPU} .*)$", r"\1 smoke_node_config=/nonexistent/node.json", text, flags=re.M))
+    try:
+        update = make("update", f"INVENTORY={inventory}", timeout=2400)
+        assert update.returncode != 0, "the update did not stop at the failing host"
+        assert f"{GPU} failed its update" in update.stdout, update.stdout[-3000:]
+        assert {h: installed(h, package) for h in HOSTS} == {**dict.fromkeys(CPU_HOSTS, locked), GPU: older}
+        assert all(in_rotation(h) for h in CPU_HOSTS), lb_status()
+        assert GPU in drained_nodes(), "the failed host was put back into rotation"
+        assert node_generates(GPU), "the failed host does not serve on its previous versions"
+    finally:
+        make("undrain", f"INVENTORY={fleet['inventory']}", f"HOST={GPU}", timeout=600)
+        repaired = make("deploy", f"INVENTORY={fleet['inventory']}", timeout=2400)
+    assert repaired.returncode == 0, deploy_failure_summary(repaired)
+    assert installed(GPU, package) == locked
+    again = make("update", f"INVENTORY={fleet['inventory']}", timeout=1200)
+    assert again.returncode == 0, deploy_failure_summary(again)
+    assert {h: r["changed"] for h, r in recap(again.stdout).items()} == dict.fromkeys(HOSTS, 0), again.stdout[-3000:]
+
+
 @pytest.mark.parametrize("host", HOSTS)
 def test_services_run_under_systemd_as_the_service_user(fleet, host):
     out = on_host(
@@ -1531,7 +1607,8 @@ def test_a_node_comes_back_on_its_own_after_a_reboot_and_a_power_cut(fleet, how)
         for n, u in after.items()
         if n != "glmdeploy-firewall.service" and int(u["ExecMainStartTimestampMonotonic"]) < int(fw)
     ]
-    assert not late, f"started before the firewall was loaded: {late}"
+    starts = {n: after[n]["ExecMainStartTimestampMonotonic"] for n in late}
+    assert not late, f"started before the firewall was loaded (at {fw} us): {starts}"
     assert on_host(host, "nft list table inet glmdeploy_firewall").returncode == 0, "the firewall's table is not loaded"
     assert until(lambda: prom_values("glmdeploy_probe_success").get(host) == 1, 120), (
         f"the prober of {host} is not green"
