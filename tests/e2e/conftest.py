@@ -62,10 +62,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     out.write_text(json.dumps(FIGURES, indent=2) + "\n")
 
 
-def make(*args: str, timeout: int = 1800, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run a make target from the checkout, echoing its output so CI logs show progress (`env`: added variables)."""
+def make(
+    *args: str, timeout: int = 1800, env: dict[str, str] | None = None, root: Path = ROOT
+) -> subprocess.CompletedProcess[str]:
+    """Run a make target from the checkout (`root`: another one, a second control node's), echoing its
+    output so CI logs show progress (`env`: added variables)."""
     start = time.monotonic()
-    cmd = ["make", "-C", str(ROOT), *args]
+    cmd = ["make", "-C", str(root), *args]
     # Its own process group: a run that overstays is stopped whole (make, ansible, ssh), not
     # left changing hosts behind the next test; its log says how far it got.
     pipe = subprocess.PIPE

@@ -219,7 +219,7 @@ def write_inventory(base: Path) -> Path:
 REHEARSAL_REPO = "THUDM/chatglm3-6b-32k"
 
 
-def stage_rehearsal_model_from_the_hub_standin() -> subprocess.CompletedProcess[str]:
+def stage_rehearsal_model_from_the_hub_standin(root: Path = ROOT) -> subprocess.CompletedProcess[str]:
     """The rehearsal model the way a real revision arrives: `make weights` from the hub (a stand-in).
 
     The published-shape source (`make rehearsal-source`) is served by tests/hub/hub_standin.py on
@@ -236,6 +236,7 @@ def stage_rehearsal_model_from_the_hub_standin() -> subprocess.CompletedProcess[
             f"REVISION={revision}",
             "MODEL_DIR=artifacts/models/chatglm3-rehearsal",
             env={**env, "HF_ENDPOINT": endpoint},
+            root=root,
         )
     assert staged.returncode == 0, f"make weights from the hub stand-in failed:\n{staged.stderr[-3000:]}"
     return staged
@@ -525,6 +526,35 @@ def test_update_brings_a_security_update_node_by_node_and_a_node_failing_its_gat
     again = make("update", f"INVENTORY={fleet['inventory']}", timeout=1200)
     assert again.returncode == 0, deploy_failure_summary(again)
     assert {h: r["changed"] for h, r in recap(again.stdout).items()} == dict.fromkeys(HOSTS, 0), again.stdout[-3000:]
+
+
+@pytest.mark.drill
+def test_a_second_control_node_from_the_backup_deploys_the_fleet_unchanged_and_a_users_key_works(fleet, tmp_path):
+    """A user's key made on this control node; `make backup` here. A fresh clone of this commit (a
+    new admin's laptop) first refuses to deploy the fleet, naming the key it lacks, with no change;
+    then takes the archive up (`make restore`), stages the model as a new control node does (make
+    weights from the hub, a stand-in), and deploys the same inventory: `changed=0` on every host,
+    and the user's key still works through the balancer."""
+    added = make("keys", f"INVENTORY={fleet['inventory']}", "ADD=carol", timeout=300)
+    assert added.returncode == 0, added.stdout[-1500:]
+    key = re.findall(r"^glm-\S+$", added.stdout, re.M)[-1]
+    archive = tmp_path / "backup.tar.gz"
+    backup = make("backup", f"OUT={archive}", f"INVENTORY={fleet['inventory']}", timeout=300)
+    assert backup.returncode == 0 and archive.stat().st_mode & 0o777 == 0o600, backup.stdout[-1500:]
+    second = tmp_path / "second-control-node"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(second)], check=True)
+    refused = make("deploy", f"INVENTORY={fleet['inventory']}", timeout=2400, root=second)
+    assert refused.returncode != 0 and "this control node has none" in refused.stdout, refused.stdout[-3000:]
+    assert all(r["changed"] == 0 for r in recap(refused.stdout).values()), "the refused deploy changed a host"
+    restored = make("restore", f"ARCHIVE={archive}", timeout=300, root=second)
+    assert restored.returncode == 0, restored.stdout[-1500:] + restored.stderr[-1500:]
+    stage_rehearsal_model_from_the_hub_standin(root=second)
+    deployed = make("deploy", f"INVENTORY={fleet['inventory']}", timeout=2400, root=second)
+    FIGURES["second control node: restore, then make deploy of the fleet (s)"] = round(deployed.elapsed, 1)  # type: ignore[attr-defined]
+    assert deployed.returncode == 0, deploy_failure_summary(deployed)
+    changed = {h: r["changed"] for h, r in recap(deployed.stdout).items()}
+    assert changed == dict.fromkeys(HOSTS, 0), f"the second control node changed hosts: {changed}"
+    assert lb_generate(key)[0] == 200, "a user's key from the first control node was refused after the second deployed"
 
 
 @pytest.mark.parametrize("host", HOSTS)
