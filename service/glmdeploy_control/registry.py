@@ -118,6 +118,9 @@ class Apt:
     roles: dict[str, list[str]]
     #: The driver's packages per distribution ("{branch}": the GPU profile's driver branch).
     driver: dict[str, list[str]]
+    #: Per distribution, the one of those whose version is the driver libraries' (NVML's): held
+    #: against the loaded module's version by make verify and the GPU exporter.
+    driver_libraries: dict[str, str]
     releases: dict[str, AptRelease]
 
 

@@ -110,6 +110,7 @@ def _registry(tmp_path: Path, archive: Archive, roles: dict[str, list[str]] | No
     data["kit"]["apt"] = {
         "lock_file": "apt/{release}.lock",
         "driver": {},
+        "driver_libraries": {},
         "roles": roles if roles is not None else {"load_balancer": ["kitpkg"]},
         "releases": {
             "test-1": {

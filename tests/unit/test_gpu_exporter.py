@@ -161,3 +161,25 @@ def test_the_bindings_tested_here_are_the_versions_the_gpu_lock_pins():
     for package in ("nvidia-ml-py", "prometheus-client"):
         pinned = re.search(rf"^{package}==(\S+)", lock, re.M)
         assert pinned and version(package) == pinned.group(1), (package, version(package))
+
+
+def test_the_driver_problems_are_exported_each_as_0_or_1_and_read_again_only_after_the_interval(monkeypatch):
+    """The driver's state read with this machine's own tools (no NVIDIA driver here: every problem 0),
+    then a node whose next-boot kernel lost its module (recorded dkms output): 1 for that problem,
+    but only once the reading interval has passed (dkms is too slow for every scrape)."""
+    collector = gpu_exporter.DriverCollector("node-a", "libnvidia-ml1")
+    registry = CollectorRegistry()
+    registry.register(collector)
+
+    def values() -> dict[str, float]:
+        text = generate_latest(registry).decode()
+        family = next(f for f in text_string_to_metric_families(text) if f.name == "glmdeploy_driver_problem")
+        return {s.labels["problem"]: s.value for s in family.samples if s.labels["node"] == "node-a"}
+
+    assert values() == dict.fromkeys(gpu_exporter.DRIVER_PROBLEMS, 0)
+    dkms = (ROOT / "tests" / "unit" / "data" / "driver" / "dkms-3-installed.txt").read_text()
+    broken = gpu_exporter.driver_state.DriverState(next_kernel="6.1.0-99-amd64", dkms_status=dkms)
+    monkeypatch.setattr(gpu_exporter.driver_state, "read_state", lambda package: (broken, True))
+    assert values()["next_boot_module"] == 0, "read again before the interval passed"
+    collector.read_at -= gpu_exporter.DRIVER_EVERY
+    assert values() == {"next_boot_module": 1, "version_mismatch": 0, "secure_boot": 0}

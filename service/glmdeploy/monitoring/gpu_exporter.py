@@ -10,6 +10,12 @@ of one field is `glmdeploy_gpu_field_error{field, error}`; a GPU that fell off t
 `glmdeploy_gpu_lost 1`; NVML that cannot start (no driver) is `glmdeploy_gpu_exporter_up 0`.
 
 Every GPU series carries node, gpu (the index), name and driver labels.
+
+The driver's own state beside the GPUs: `glmdeploy_driver_problem{node, problem}` is 1 while the
+kernel the node boots next has no installed module (next_boot_module), the loaded module and the
+libraries differ (version_mismatch), or Secure Boot would keep the module out (secure_boot), else
+0; read with the node's own tools (glmdeploy.monitoring.driver_state, the code `make verify` runs)
+at most every DRIVER_EVERY seconds, since `dkms status` is too slow for every scrape.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import argparse
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,9 +33,13 @@ import pynvml
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
+from glmdeploy.monitoring import driver_state
+
 # NVML's codes for "this card or driver does not have it": reported as unsupported.
 UNSUPPORTED = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
 LABELS = ["node", "gpu", "name", "driver"]
+DRIVER_PROBLEMS = ("next_boot_module", "version_mismatch", "secure_boot")
+DRIVER_EVERY = 300.0
 
 # The bits of nvmlDeviceGetCurrentClocksThrottleReasons, named as nvidia-smi names them.
 THROTTLE_REASONS = {
@@ -201,14 +212,45 @@ class GpuCollector:
         yield from families.values()
 
 
+class DriverCollector:
+    """The driver's problems (driver_state.problems), read again once DRIVER_EVERY has passed."""
+
+    def __init__(self, node: str, library_package: str) -> None:
+        self.node, self.library_package = node, library_package
+        self.lock = threading.Lock()
+        self.read_at, self.kinds = float("-inf"), set[str]()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with self.lock:
+            if time.monotonic() - self.read_at >= DRIVER_EVERY:
+                state, _ = driver_state.read_state(self.library_package)
+                self.kinds = {kind for kind, _ in driver_state.problems(state)}
+                self.read_at = time.monotonic()
+            family = GaugeMetricFamily(
+                "glmdeploy_driver_problem",
+                "1 while the driver would fail: no module for the next boot, module/library mismatch, Secure Boot",
+                labels=["node", "problem"],
+            )
+            for kind in DRIVER_PROBLEMS:
+                family.add_metric([self.node, kind], 1 if kind in self.kinds else 0)
+            yield family
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="glmdeploy-gpu-exporter", description=__doc__.splitlines()[0])
     parser.add_argument("--listen", default="127.0.0.1", help="address /metrics listens on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, required=True, help="port /metrics listens on")
     parser.add_argument("--node", default=socket.gethostname(), help="the node label (default: the host name)")
+    parser.add_argument(
+        "--driver-library-package",
+        default="",
+        help="the package whose version is the driver libraries' (the registry's [kit.apt] driver_libraries; "
+        "none: the version mismatch is not checked)",
+    )
     args = parser.parse_args(argv)
     registry = CollectorRegistry()
     registry.register(GpuCollector(args.node))
+    registry.register(DriverCollector(args.node, args.driver_library_package))
     start_http_server(args.port, addr=args.listen, registry=registry)
     print(f"GPU metrics of {args.node} on {args.listen}:{args.port}", flush=True)
     threading.Event().wait()

@@ -1,0 +1,1 @@
+../../../module_utils/glmdeploy_driver_state.py
