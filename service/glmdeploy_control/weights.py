@@ -37,6 +37,7 @@ import os
 import re
 import shutil
 import sys
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable
@@ -52,6 +53,8 @@ SOURCE_FILE = "SOURCE.json"
 #: What every staging takes besides the weights: config, tokenizer, remote code, documents.
 ALWAYS = ["*.json", "*.py", "tokenizer.model", "*.txt", "*.md", "*LICENSE*"]
 _WEIGHTS = re.compile(r"\.(safetensors|bin)$")
+#: Seconds a lab mirror (MIRROR=) may send nothing before the kit gives up on a file.
+MIRROR_TIMEOUT = 60.0
 
 
 class WeightsError(RuntimeError):
@@ -92,14 +95,8 @@ def choose_files(listing: dict[str, dict[str, Any]], include: Iterable[str] = ()
 
 def fetch_hub(repo: str, revision: str, dest: Path, include: list[str], endpoint: str | None) -> dict[str, Any]:
     """Download one commit's files into `dest`, each checked against the hub's listing; returns provenance."""
-    from huggingface_hub import HfApi, hf_hub_download
-    from huggingface_hub.utils import (
-        EntryNotFoundError,
-        HfHubHTTPError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
+    from huggingface_hub import HfApi
+    from huggingface_hub.utils import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
     api = HfApi(endpoint=endpoint)
     where = api.endpoint
@@ -126,25 +123,86 @@ def fetch_hub(repo: str, revision: str, dest: Path, include: list[str], endpoint
     print(f"==> {repo}@{revision} from {where}: {len(names)} files, {total / 2**30:.2f} GiB", flush=True)
     for name in names:
         print(f"  {name} ({(listing[name]['size'] or 0) / 2**20:.1f} MiB)", flush=True)
-        try:
-            hf_hub_download(repo, name, revision=revision, local_dir=str(dest), endpoint=endpoint)
-        except HfHubHTTPError as exc:
-            if isinstance(exc, EntryNotFoundError) and not isinstance(exc, LocalEntryNotFoundError):
-                raise WeightsError(
-                    f"{name}: {where} lists it at {revision} but answers 404 for it; fix: run make weights again "
-                    "later, or point HF_ENDPOINT at a hub mirror that holds the whole revision"
-                ) from exc
-            raise WeightsError(f"{name}: download failed: {_first_line(exc)}") from exc
-        except OSError as exc:
-            raise WeightsError(
-                f"{name}: the download was cut short ({_first_line(exc)}); fix: run make weights again"
-            ) from exc
+        hub_download(repo, name, revision, dest, endpoint, where)
         check_listed(dest / name, listing[name])
         # The hub lists a SHA256 for LFS files only; the others were checked against their git blob id.
         listing[name]["sha256"] = listing[name]["sha256"] or file_sha256(dest / name)
     for extra in (".cache", ".huggingface"):  # huggingface_hub's own bookkeeping in local_dir
         shutil.rmtree(dest / extra, ignore_errors=True)
     return {"source": f"hub {where}", "published": {n: listing[n] for n in names}}
+
+
+def hub_download(repo: str, name: str, revision: str, dest: Path, endpoint: str | None, where: str) -> None:
+    """One file through huggingface_hub into `dest`; its failures as the kit's errors, each with a fix.
+
+    A timeout is told apart from a missing file or a cut connection: huggingface_hub reports a
+    metadata request that timed out as "An error happened while trying to locate the file",
+    and a stalled download as a connection error, neither of which names the limit to raise.
+    """
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.utils import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
+
+    started = time.monotonic()
+    try:
+        hf_hub_download(repo, name, revision=revision, local_dir=str(dest), endpoint=endpoint)
+    except OSError as exc:  # huggingface_hub's HTTP errors are requests' errors, which are OSErrors
+        if timed_out(exc):
+            raise WeightsError(hub_timeout_message(name, where, exc, time.monotonic() - started)) from exc
+        if isinstance(exc, EntryNotFoundError) and not isinstance(exc, LocalEntryNotFoundError):
+            raise WeightsError(
+                f"{name}: {where} lists it at {revision} but answers 404 for it; fix: run make weights again "
+                "later, or point HF_ENDPOINT at a hub mirror that holds the whole revision"
+            ) from exc
+        if isinstance(exc, HfHubHTTPError):
+            raise WeightsError(f"{name}: download failed: {_first_line(exc)}") from exc
+        raise WeightsError(
+            f"{name}: the download was cut short ({_first_line(exc)}); fix: run make weights again"
+        ) from exc
+
+
+def timed_out(exc: BaseException) -> bool:
+    """Whether a timeout caused the error: requests and urllib3 wrap the socket's, huggingface_hub wraps theirs."""
+    import requests
+    import urllib3
+
+    kinds = (TimeoutError, requests.exceptions.Timeout, urllib3.exceptions.TimeoutError)
+    return any(isinstance(e, kinds) for e in _chain(exc))
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """The error, its causes and contexts, and exceptions carried as arguments (requests' way of wrapping)."""
+    seen: list[BaseException] = []
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if any(e is s for s in seen):
+            continue
+        seen.append(e)
+        todo += [x for x in (e.__cause__, e.__context__, *e.args) if isinstance(x, BaseException)]
+    return seen
+
+
+def hub_timeout_message(name: str, where: str, exc: BaseException, elapsed: float) -> str:
+    """Which request timed out, the limit it waited, and the huggingface_hub setting that raises it.
+
+    huggingface_hub 0.23 reads both limits from the environment once, at import: the
+    metadata request (HEAD) waits HF_HUB_ETAG_TIMEOUT seconds, the download (GET) waits
+    HF_HUB_DOWNLOAD_TIMEOUT seconds for each answer (and retries a stalled one five times).
+    """
+    from huggingface_hub import constants
+    from huggingface_hub.utils import HfHubHTTPError
+
+    methods = [getattr(getattr(e, "request", None), "method", None) for e in _chain(exc)]
+    if "HEAD" in methods or ("GET" not in methods and isinstance(exc, HfHubHTTPError)):
+        what, setting, limit = "metadata request (HEAD)", "HF_HUB_ETAG_TIMEOUT", constants.HF_HUB_ETAG_TIMEOUT
+    else:
+        what, setting, limit = "download (GET)", "HF_HUB_DOWNLOAD_TIMEOUT", constants.HF_HUB_DOWNLOAD_TIMEOUT
+    return (
+        f"{name}: timed out: {where} did not answer the {what} within {limit} s "
+        f"({elapsed:.0f} s on this file in all): a slow hub or mirror, not a missing file; "
+        f"fix: run make weights again with {setting}={max(60, 6 * int(limit))} in its environment "
+        f"(huggingface_hub's limit in seconds, now {limit})"
+    )
 
 
 def _listed(sibling: Any) -> dict[str, Any]:
@@ -186,24 +244,30 @@ def check_listed(path: Path, listed: dict[str, Any]) -> None:
         )
 
 
-def fetch_mirror(url: str, dest: Path) -> None:
+def fetch_mirror(url: str, dest: Path, timeout: float = MIRROR_TIMEOUT) -> None:
     """Copy a staged directory from an HTTP mirror, checking every file against the mirror's manifest."""
     base = url.rstrip("/") + "/"
     for name in (MANIFEST, REVISION_FILE):
-        _download(base + name, dest / name, None)
+        _download(base + name, dest / name, None, timeout)
     for name, digest in read_manifest(dest).items():
-        _download(base + urllib.parse.quote(name), dest / name, digest)
+        _download(base + urllib.parse.quote(name), dest / name, digest, timeout)
 
 
-def _download(url: str, out: Path, sha256: str | None) -> None:
+def _download(url: str, out: Path, sha256: str | None, timeout: float) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
     try:
-        with urllib.request.urlopen(url, timeout=60) as resp, out.open("wb") as fh:
+        with urllib.request.urlopen(url, timeout=timeout) as resp, out.open("wb") as fh:
             for block in iter(lambda: resp.read(1 << 20), b""):
                 digest.update(block)
                 fh.write(block)
     except OSError as exc:
+        if timed_out(exc):
+            raise WeightsError(
+                f"{out.name}: timed out: {url} sent nothing for {timeout:g} s (the kit's limit for each answer "
+                "from a mirror; no setting raises it); fix: check the mirror and the link (curl -I the URL), "
+                "then run make weights again"
+            ) from exc
         raise WeightsError(f"cannot download {url}: {exc}") from exc
     if sha256 and digest.hexdigest() != sha256:
         raise WeightsError(f"{out.name} from {url} does not match the mirror's {MANIFEST}: the mirror copy is damaged")
@@ -237,7 +301,11 @@ def fetch_dir(src: Path, dest: Path, include: list[str]) -> dict[str, Any] | Non
         if p.is_file() and not any(part.startswith(".") for part in p.relative_to(src).parts)
     }
     names = choose_files(listing, include)
-    print(f"==> {src}: a plain copy, {len(names)} files", flush=True)
+    print(f"==> {src}: a plain copy, {len(names)} files; its checkpoint checked before the copy", flush=True)
+    try:
+        check_checkpoint(src)
+    except WeightsError as exc:
+        raise WeightsError(f"{src}: {exc}") from exc
     for name in names:
         (dest / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src / name, dest / name)
@@ -253,6 +321,27 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def check_checkpoint(model_dir: Path) -> tuple[dict[str, Any], checkpoint.Layout]:
+    """config.json, the index and every shard's tensor names, shapes and dtypes: seconds at any size.
+
+    Why first: converting (or copying) 12.5 GB takes minutes; a checkpoint that cannot be
+    served is refused before that, with every shard's metadata in hand.
+    """
+    try:
+        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise WeightsError(f"config.json: {exc}; fix: stage the whole revision") from exc
+    try:
+        layout = checkpoint.read_layout(model_dir)
+        if layout.kind == "bin":
+            checkpoint.check_bin(model_dir, layout, config)
+        else:
+            checkpoint.check_safetensors(model_dir, layout, config)
+    except checkpoint.CheckpointError as exc:
+        raise WeightsError(str(exc)) from exc
+    return config, layout
+
+
 def serve_ready(published: Path, served: Path, provenance: dict[str, Any], repo: str, revision: str) -> None:
     """Turn a revision's published files into the served directory: checked, `.bin` converted, manifest.
 
@@ -260,12 +349,8 @@ def serve_ready(published: Path, served: Path, provenance: dict[str, Any], repo:
     safetensors (published or converted), REVISION, SOURCE.json (every published file's
     size and hash, and what was converted) and SHA256SUMS over all of it.
     """
+    config, layout = check_checkpoint(published)
     try:
-        config = json.loads((published / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise WeightsError(f"config.json: {exc}; fix: stage the whole revision") from exc
-    try:
-        layout = checkpoint.read_layout(published)
         served.mkdir(parents=True, exist_ok=True)
         for p in sorted(published.rglob("*")):
             rel = p.relative_to(published).as_posix()
@@ -274,14 +359,12 @@ def serve_ready(published: Path, served: Path, provenance: dict[str, Any], repo:
                 shutil.copy2(p, served / rel)
         if layout.kind == "bin":
             print(
-                f"==> converting {len(layout.shards) or 1} .bin shards to safetensors (read weights-only, "
-                "checked against the index and config.json)",
+                f"==> converting {len(layout.shards) or 1} .bin shards to safetensors (read weights-only; "
+                "every shard was checked against the index and config.json first)",
                 flush=True,
             )
-            converted = checkpoint.convert_bin(published, served, layout, config)
+            converted = checkpoint.convert_bin(published, served, layout, config, checked=True)
             provenance["converted"] = {"from": layout.index or "pytorch_model.bin", "to": converted}
-        else:
-            checkpoint.check_safetensors(published, layout, config)
     except checkpoint.CheckpointError as exc:
         raise WeightsError(str(exc)) from exc
     (served / REVISION_FILE).write_text(f"{repo}@{revision}\n")

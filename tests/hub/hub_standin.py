@@ -14,9 +14,16 @@ file_download.get_hf_file_metadata and http_get):
 - errors as the hub sends them: 404 with `X-Error-Code` `RepoNotFound`, `RevisionNotFound` or
   `EntryNotFound`.
 
+Each file's hashes (SHA256, git blob id) are computed once, when the server starts, and kept
+per path, size and mtime (a file changed on disk is hashed again); bodies are sent from disk
+with sendfile. A full-size shard is answered as fast as the disk allows, so a real-size test
+measures the kit, not the stand-in (hashing per request took 12-18 s for one shard).
+
 What it does not prove: authentication, gated repos, the hub's redirects of LFS files to its
 CDN, and rate limits. Faults for tests (`faults`): `truncate` (half the bytes under the full
-length), `corrupt` (one byte changed, same length), `missing` (listed but 404 on download).
+length), `corrupt` (one byte changed, same length), `missing` (listed but 404 on download),
+and a slow answer of `Revision.stall` seconds: `stall-head` (the metadata request, HEAD),
+`stall-get` (the download's first answer), `stall-body` (headers sent, then no byte).
 
 Run alone: `python tests/hub/hub_standin.py --root DIR --repo THUDM/chatglm3-6b-32k --revision <40-hex>`
 prints the endpoint (`HF_ENDPOINT=...`) and serves until interrupted.
@@ -25,10 +32,12 @@ prints the endpoint (`HF_ENDPOINT=...`) and serves until interrupted.
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import http.server
 import json
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,29 +51,57 @@ def _git_blob(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
 
 
+def _file_hashes(path: Path, size: int) -> tuple[str, str]:
+    """SHA256 and git blob id of a file, read once in blocks (a full-size shard is not held in memory)."""
+    sha256 = hashlib.sha256()
+    blob = hashlib.sha1(b"blob %d\0" % size, usedforsecurity=False)
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            sha256.update(block)
+            blob.update(block)
+    return sha256.hexdigest(), blob.hexdigest()
+
+
 class Revision:
     """One revision's files, as the hub lists them."""
 
-    def __init__(self, root: Path, repo: str, commit: str, faults: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, root: Path, repo: str, commit: str, faults: dict[str, str] | None = None, stall: float = 30.0
+    ) -> None:
         self.root, self.repo, self.commit, self.faults = root, repo, commit, dict(faults or {})
+        self.stall = stall  # seconds a `stall-*` fault waits
         self.files = sorted(
             p.relative_to(root).as_posix()
             for p in root.rglob("*")
             if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
         )
         self.requests: list[str] = []
+        self.hashed: list[str] = []  # each time a file's hashes were computed: tests count them
+        self._entries: dict[tuple[str, int, int], dict[str, Any]] = {}
+        self._lock = threading.Lock()
 
     def sibling(self, name: str) -> dict[str, Any]:
-        data = (self.root / name).read_bytes()
-        entry: dict[str, Any] = {"rfilename": name, "size": len(data), "blobId": _git_blob(data)}
+        """The file's listing entry, from the cache while its size and mtime are unchanged."""
+        st = (self.root / name).stat()
+        key = (name, st.st_size, st.st_mtime_ns)
+        with self._lock:  # one thread hashes; the others wait for its answer rather than hash again
+            if key not in self._entries:
+                self._entries[key] = self._entry(name, st.st_size)
+            return copy.deepcopy(self._entries[key])
+
+    def _entry(self, name: str, size: int) -> dict[str, Any]:
+        self.hashed.append(name)
+        sha, blob = _file_hashes(self.root / name, size)
+        entry: dict[str, Any] = {"rfilename": name, "size": size, "blobId": blob}
         if name.endswith(LFS_SUFFIXES):
-            sha = hashlib.sha256(data).hexdigest()
-            pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha}\nsize {len(data)}\n".encode()
-            entry |= {
-                "blobId": _git_blob(pointer),
-                "lfs": {"sha256": sha, "size": len(data), "pointerSize": len(pointer)},
-            }
+            pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha}\nsize {size}\n".encode()
+            entry |= {"blobId": _git_blob(pointer), "lfs": {"sha256": sha, "size": size, "pointerSize": len(pointer)}}
         return entry
+
+    def warm(self) -> None:
+        """Hash every file now, so that no request waits for it."""
+        for name in self.files:
+            self.sibling(name)
 
     def info(self, blobs: bool) -> dict[str, Any]:
         siblings = [self.sibling(n) if blobs else {"rfilename": n} for n in self.files]
@@ -78,12 +115,6 @@ class Revision:
             "tags": [],
             "siblings": siblings,
         }
-
-    def body(self, name: str) -> bytes:
-        data = (self.root / name).read_bytes()
-        if self.faults.get(name) == "corrupt":
-            data = data[:-1] + bytes([data[-1] ^ 0xFF])
-        return data
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -134,12 +165,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def _file(self, name: str, body: bool) -> None:
         rev = self.revision
-        data, entry = rev.body(name), rev.sibling(name)
+        entry, fault = rev.sibling(name), rev.faults.get(name, "")
+        size = (rev.root / name).stat().st_size  # what is served, whatever the listing says
         headers = {"X-Repo-Commit": rev.commit, "Content-Type": "application/octet-stream"}
         if "lfs" in entry:
             headers |= {
                 "X-Linked-Etag": f'"{entry["lfs"]["sha256"]}"',
-                "X-Linked-Size": str(len(data)),
+                "X-Linked-Size": str(size),
                 "ETag": f'"{entry["blobId"]}"',
             }
         else:
@@ -148,19 +180,35 @@ class Handler(http.server.BaseHTTPRequestHandler):
         ranged = self.headers.get("Range", "")
         if ranged.startswith("bytes=") and ranged.endswith("-"):
             start = int(ranged[6:-1])
-        status = 206 if start else 200
-        payload = data[start:]
-        if rev.faults.get(name) == "truncate" and body:
-            # The full length is announced and half the bytes are sent: a connection cut mid-file.
-            self.send_response(status)
-            for key, value in headers.items():
-                self.send_header(key, value)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload[: len(payload) // 2])
-            self.close_connection = True
+        if fault == ("stall-get" if body else "stall-head"):
+            time.sleep(rev.stall)
+        self.send_response(206 if start else 200)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(size - start))
+        self.end_headers()
+        if not body:
             return
-        self._send(status, payload, headers, body)
+        if fault == "stall-body":
+            time.sleep(rev.stall)
+        # `truncate`: the full length is announced and half the bytes are sent, a connection cut mid-file.
+        count = (size - start) // 2 if fault == "truncate" else size - start
+        self._send_file(rev.root / name, start, count, corrupt_last=fault == "corrupt" and start + count == size)
+        if fault == "truncate":
+            self.close_connection = True
+
+    def _send_file(self, path: Path, start: int, count: int, corrupt_last: bool) -> None:
+        """Bytes [start, start+count) from disk by sendfile; `corrupt_last` flips the file's last byte."""
+        try:
+            with path.open("rb") as fh:
+                plain = count - 1 if corrupt_last else count
+                if plain > 0:  # socket.sendfile reads a count of 0 as "to the end"
+                    self.connection.sendfile(fh, start, plain)
+                if corrupt_last:
+                    fh.seek(start + count - 1)
+                    self.wfile.write(bytes([fh.read(1)[0] ^ 0xFF]))
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (a timeout test, a cut)
+            self.close_connection = True
 
     def _send(self, status: int, data: bytes, headers: dict[str, str], body: bool) -> None:
         self.send_response(status)
@@ -175,6 +223,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 @contextmanager
 def serve(revision: Revision, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
     """Serve on loopback in a thread; yields the endpoint (what HF_ENDPOINT would be)."""
+    revision.warm()
     handler = type("RevisionHandler", (Handler,), {"revision": revision})
     server = http.server.ThreadingHTTPServer((host, port), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

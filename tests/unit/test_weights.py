@@ -385,7 +385,7 @@ REFUSALS: dict[str, tuple[str, Callable[[Path, Path], contextlib.AbstractContext
     "index_names_a_tensor_no_shard_holds": (
         COMMIT,
         _index_names_a_tensor_no_shard_holds,
-        [checkpoint.BIN_INDEX, FAKE_TENSOR, BIN_SHARDS[0], "does not hold it", "fix: stage the revision again"],
+        [checkpoint.BIN_INDEX, FAKE_TENSOR, BIN_SHARDS[0], "none of the 7 shards holds it", "fix: take"],
     ),
     "branch_name_as_revision": ("main", _as_given, ["'main' is not a commit", "pin the 40-hex"]),
     "short_hex_as_revision": (COMMIT[:7], _as_given, ["is not a commit", "pin the 40-hex"]),
