@@ -25,11 +25,22 @@ unpickle. The published files' hashes are kept in SOURCE.json beside the served
 files. Everything is fetched and converted in a work directory outside the models
 directory and renamed into place only when complete and checked, so a refused or
 interrupted run leaves nothing half-written where deploys look.
+
+A hub download that stops (a cut link, a timeout, Ctrl-C) is not started over: the files
+received so far, and the part of the file that was cut, are kept in the work directory
+per repo and commit (`kept_dir`), and the next run checks them again and fetches only the
+rest, continuing the cut file where it stopped: huggingface_hub 0.23 does that itself for a
+`local_dir` download (it keeps the part it wrote as `.incomplete` and asks for the rest with
+a Range request), so the kit only keeps the directory and checks what it holds. The library
+writes in 10 MiB pieces (`constants.DOWNLOAD_CHUNK_SIZE`) and drops the piece a cut interrupts:
+a rerun sends that much of the cut file again, besides what was never received.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import fnmatch
 import hashlib
 import json
@@ -40,7 +51,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +66,10 @@ ALWAYS = ["*.json", "*.py", "tokenizer.model", "*.txt", "*.md", "*LICENSE*"]
 _WEIGHTS = re.compile(r"\.(safetensors|bin)$")
 #: Seconds a lab mirror (MIRROR=) may send nothing before the kit gives up on a file.
 MIRROR_TIMEOUT = 60.0
+#: Under the work directory: hub downloads of one repo@commit, kept across a failed run (`kept_dir`).
+KEPT = "kept"
+#: huggingface_hub's bookkeeping in a local_dir (0.23: .huggingface; later versions: .cache/huggingface).
+HF_BOOKKEEPING = (".cache", ".huggingface")
 
 
 class WeightsError(RuntimeError):
@@ -119,17 +134,112 @@ def fetch_hub(repo: str, revision: str, dest: Path, include: list[str], endpoint
         raise WeightsError(f"{where} answered for commit {info.sha}, not {revision}")
     listing = {s.rfilename: _listed(s) for s in info.siblings or []}
     names = choose_files(listing, include)
-    total = sum(int(listing[n]["size"] or 0) for n in names)
+    total = sum(_size(listing[n]) for n in names)
     print(f"==> {repo}@{revision} from {where}: {len(names)} files, {total / 2**30:.2f} GiB", flush=True)
-    for name in names:
-        print(f"  {name} ({(listing[name]['size'] or 0) / 2**20:.1f} MiB)", flush=True)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in keep_checked(dest, names, listing):
+        print(f"  {name} ({_size(listing[name]) / 2**20:.1f} MiB{_resuming(dest, name, listing[name])})", flush=True)
         hub_download(repo, name, revision, dest, endpoint, where)
-        check_listed(dest / name, listing[name])
-        # The hub lists a SHA256 for LFS files only; the others were checked against their git blob id.
+        try:
+            check_listed(dest / name, listing[name])
+        except WeightsError:
+            (dest / name).unlink()  # not kept: the next run fetches it whole
+            raise
+    for name in names:  # the hub lists a SHA256 for LFS files only; the others were checked by git blob id
         listing[name]["sha256"] = listing[name]["sha256"] or file_sha256(dest / name)
-    for extra in (".cache", ".huggingface"):  # huggingface_hub's own bookkeeping in local_dir
+    for extra in HF_BOOKKEEPING:
         shutil.rmtree(dest / extra, ignore_errors=True)
     return {"source": f"hub {where}", "published": {n: listing[n] for n in names}}
+
+
+def _size(listed: dict[str, Any]) -> int:
+    return int(listed.get("size") or 0)
+
+
+def kept_dir(work_root: Path, repo: str, revision: str) -> Path:
+    """Where the hub download of repo@revision is received, and kept when a run stops before the end.
+
+    Under the work directory (artifacts/staging), never under artifacts/models: deploys do
+    not read it, and the models directory changes only by the final rename. One directory
+    per repo and commit: a run for another revision starts its own and never takes these
+    files. Why it is safe to reuse: nothing in it is trusted as it lies. Before a run uses a
+    kept file, it checks it again against the hub's listing of this run (size, then SHA256
+    or git blob id: `keep_checked`) and fetches it again if it differs; a partial download
+    continues only under the name huggingface_hub gave it, which carries the content's hash
+    (the ETag), and the finished file is checked like any other. Removed once the revision is
+    staged.
+    """
+    return work_root / KEPT / f"{repo.replace('/', '--')}@{revision}"
+
+
+def keep_checked(dest: Path, names: list[str], listing: dict[str, dict[str, Any]]) -> list[str]:
+    """The files still to fetch: those in `dest` that match the listing are kept, any other file is removed.
+
+    A file this run does not take (another --include) is removed too, so that `dest` holds
+    the chosen files only: everything in it is served.
+    """
+    _drop_unchosen(dest, set(names))
+    kept: list[str] = []
+    for name in names:
+        path = dest / name
+        if not path.is_file():
+            continue
+        mismatch = listing_mismatch(path, listing[name])
+        if mismatch is None:
+            kept.append(name)
+        else:
+            print(f"  {name}: the kept copy differs from the hub's listing ({mismatch[0]}); fetching it again")
+            path.unlink()
+    todo = [n for n in names if n not in kept]
+    if kept:
+        size = sum(_size(listing[n]) for n in kept)
+        print(
+            f"==> kept {len(kept)} of {len(names)} files ({size / 2**30:.2f} GiB) from a run that stopped, each "
+            f"checked against the listing again; fetching {len(todo)}",
+            flush=True,
+        )
+    return todo
+
+
+def _drop_unchosen(dest: Path, names: set[str]) -> None:
+    for path in sorted(dest.rglob("*"), reverse=True):
+        rel = path.relative_to(dest)
+        if rel.parts[0] in HF_BOOKKEEPING or rel.as_posix() in names:
+            continue
+        if path.is_dir():
+            if not any(path.iterdir()):
+                path.rmdir()
+        else:
+            path.unlink()
+
+
+def partial_download(dest: Path, name: str, listed: dict[str, Any]) -> Path:
+    """Where huggingface_hub 0.23 keeps the part received of `name` (`_local_folder.LocalDownloadFilePaths`).
+
+    Its name carries the ETag the hub answered, which is the listed SHA256 for LFS files and
+    the git blob id for the others: a part of other content never matches it.
+    """
+    etag = listed.get("sha256") or listed.get("git_blob") or ""
+    return dest / ".huggingface" / "download" / f"{name}.{etag}.incomplete"
+
+
+def _resuming(dest: Path, name: str, listed: dict[str, Any]) -> str:
+    """Where the download of `name` continues, for the progress line; drops parts that cannot be continued.
+
+    A part as long as the file or longer was not cut: a server that ignored the Range
+    request and sent the whole file again after the part would leave one, and continuing
+    it would fail again. A part under another ETag is of other content. Both are removed,
+    so the file is fetched whole.
+    """
+    part = partial_download(dest, name, listed)
+    ours = re.compile(re.escape(Path(name).name) + r"\.[0-9a-f]+\.incomplete")
+    parts = part.parent.iterdir() if part.parent.is_dir() else iter(())
+    for other in [p for p in parts if ours.fullmatch(p.name)]:
+        if other != part or other.stat().st_size >= _size(listed):
+            other.unlink()
+    if not part.is_file() or part.stat().st_size == 0:
+        return ""
+    return f", continuing from {part.stat().st_size / 2**20:.1f} MiB received by a run that stopped"
 
 
 def hub_download(repo: str, name: str, revision: str, dest: Path, endpoint: str | None, where: str) -> None:
@@ -225,23 +335,25 @@ def git_blob_sha1(path: Path) -> str:
 
 def check_listed(path: Path, listed: dict[str, Any]) -> None:
     """A downloaded file against the hub's size and hash for it: a truncated or altered file stops here."""
+    mismatch = listing_mismatch(path, listed)
+    if mismatch:
+        raise WeightsError(f"{path.name}: {mismatch[0]}: {mismatch[1]}; fix: run make weights again")
+
+
+def listing_mismatch(path: Path, listed: dict[str, Any]) -> tuple[str, str] | None:
+    """What differs between a file and the hub's listing, and what that means for a download; None: nothing.
+
+    The size first: a cut file is told without reading it.
+    """
     size = path.stat().st_size
     if listed.get("size") is not None and size != int(listed["size"]):
-        raise WeightsError(
-            f"{path.name}: downloaded {size} bytes, the hub lists {listed['size']}: the download was cut short; "
-            "fix: run make weights again"
-        )
+        return f"downloaded {size} bytes, the hub lists {listed['size']}", "the download was cut short"
     if listed.get("sha256"):
         if file_sha256(path) != listed["sha256"]:
-            raise WeightsError(
-                f"{path.name}: SHA256 differs from the hub's listing: the file was altered in transit; "
-                "fix: run make weights again"
-            )
+            return "SHA256 differs from the hub's listing", "the file was altered in transit"
     elif listed.get("git_blob") and git_blob_sha1(path) != listed["git_blob"]:
-        raise WeightsError(
-            f"{path.name}: content differs from the hub's git object: the file was altered in transit; "
-            "fix: run make weights again"
-        )
+        return "content differs from the hub's git object", "the file was altered in transit"
+    return None
 
 
 def fetch_mirror(url: str, dest: Path, timeout: float = MIRROR_TIMEOUT) -> None:
@@ -374,44 +486,110 @@ def serve_ready(published: Path, served: Path, provenance: dict[str, Any], repo:
 
 
 def stage(args: argparse.Namespace) -> Path:
-    """Fetch into a work directory, check (and convert), then rename into place (the old copy kept as .previous)."""
+    """Fetch into a work directory, check (and convert), then rename into place (the old copy kept as .previous).
+
+    A hub download is received in its kept directory (`kept_dir`), which outlives a failed
+    run and is removed once the revision is staged.
+    """
     revision = check_revision(args.revision)
     dest: Path = args.dest.resolve()
     work_root: Path = (args.work or dest.parent.parent / "staging").resolve()
     work = work_root / f"{dest.name}-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
-    published, served = work / "published", work / "served"
-    published.mkdir(parents=True)
-    include = args.include or []
+    (work / "published").mkdir(parents=True)
+    kept = None if args.mirror or args.from_dir else kept_dir(work_root, args.repo, revision)
     try:
-        if args.mirror:
-            fetch_mirror(args.mirror, served)
-        elif args.from_dir:
-            provenance = fetch_dir(args.from_dir, published, include)
-            if provenance is None:
-                published.rename(served)
-            else:
-                serve_ready(published, served, provenance, args.repo, revision)
-        else:
-            provenance = fetch_hub(args.repo, revision, published, include, args.endpoint)
-            serve_ready(published, served, provenance, args.repo, revision)
-        staged = (served / REVISION_FILE).read_text().strip() if (served / REVISION_FILE).is_file() else ""
-        if not staged.endswith("@" + revision):
-            raise WeightsError(f"the source holds revision {staged or '(none)'}, not {revision}")
-        problems = check_manifest(served)
-        if problems:
-            raise WeightsError("; ".join(problems))
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if dest.exists():
-            previous = dest.with_name(dest.name + ".previous")
-            shutil.rmtree(previous, ignore_errors=True)
-            dest.rename(previous)
-        served.rename(dest)
+        with holding(kept):
+            fetch(args, revision, work / "published", work / "served", kept)
+            place(work / "served", dest, revision)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        if work_root.is_dir() and not any(work_root.iterdir()):
-            work_root.rmdir()
+        for empty in (work_root / KEPT, work_root):
+            if empty.is_dir() and not any(empty.iterdir()):
+                empty.rmdir()
     return dest
+
+
+def fetch(args: argparse.Namespace, revision: str, published: Path, served: Path, kept: Path | None) -> None:
+    """The revision's served directory, from the source the arguments name (the hub: through `kept`)."""
+    include = args.include or []
+    if args.mirror:
+        fetch_mirror(args.mirror, served)
+    elif args.from_dir:
+        provenance = fetch_dir(args.from_dir, published, include)
+        if provenance is None:
+            published.rename(served)
+        else:
+            serve_ready(published, served, provenance, args.repo, revision)
+    elif kept:
+        provenance = fetch_hub(args.repo, revision, kept, include, args.endpoint)
+        serve_ready(kept, served, provenance, args.repo, revision)
+
+
+def place(served: Path, dest: Path, revision: str) -> None:
+    """The served directory checked against its manifest and revision, then renamed to `dest`."""
+    staged = (served / REVISION_FILE).read_text().strip() if (served / REVISION_FILE).is_file() else ""
+    if not staged.endswith("@" + revision):
+        raise WeightsError(f"the source holds revision {staged or '(none)'}, not {revision}")
+    problems = check_manifest(served)
+    if problems:
+        raise WeightsError("; ".join(problems))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.exists():
+        previous = dest.with_name(dest.name + ".previous")
+        shutil.rmtree(previous, ignore_errors=True)
+        dest.rename(previous)
+    served.rename(dest)
+
+
+@contextlib.contextmanager
+def holding(kept: Path | None) -> Iterator[None]:
+    """This run's hold on the kept directory: locked while it runs, removed if it stages, told of if it stops.
+
+    One run at a time: two would write the same files, and one would remove them under the
+    other. The lock is a file beside the directory (flock, released when the process ends,
+    however it ends), removed after: a run that opened it in the instant before the removal
+    could still start beside a later one; each still checks every file against the listing.
+    """
+    if kept is None:
+        yield
+        return
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    lock = kept.with_name(kept.name + ".lock")
+    with lock.open("a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise WeightsError(
+                f"another make weights is fetching this revision into {kept}; fix: wait for it to end, then run "
+                "make weights again"
+            ) from exc
+        try:
+            yield
+        except BaseException:  # a refusal, a cut, Ctrl-C: what was received stays for the next run
+            if kept.is_dir():
+                tell_kept(kept)
+            raise
+        else:
+            shutil.rmtree(kept, ignore_errors=True)
+        finally:
+            lock.unlink(missing_ok=True)
+
+
+def tell_kept(kept: Path) -> None:
+    """After a run that stopped: what it kept for the next run, and where; a directory with nothing worth it goes."""
+    files = [p for p in kept.rglob("*") if p.is_file() and p.relative_to(kept).parts[0] not in HF_BOOKKEEPING]
+    parts = [p for p in kept.rglob("*.incomplete") if p.is_file() and p.stat().st_size]
+    if not files and not parts:
+        shutil.rmtree(kept)
+        return
+    size = sum(p.stat().st_size for p in files + parts)
+    cut = f" and part of {len(parts)} more" if parts else ""
+    print(
+        f"==> kept {len(files)} files{cut} ({size / 2**30:.2f} GiB) in {kept}: the next run fetches only the rest "
+        f"(rm -r {kept} to start over)",
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

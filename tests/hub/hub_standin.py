@@ -21,9 +21,13 @@ measures the kit, not the stand-in (hashing per request took 12-18 s for one sha
 
 What it does not prove: authentication, gated repos, the hub's redirects of LFS files to its
 CDN, and rate limits. Faults for tests (`faults`): `truncate` (half the bytes under the full
-length), `corrupt` (one byte changed, same length), `missing` (listed but 404 on download),
-and a slow answer of `Revision.stall` seconds: `stall-head` (the metadata request, HEAD),
-`stall-get` (the download's first answer), `stall-body` (headers sent, then no byte).
+length, every time), `cut` (the first download of the file stops at byte `Revision.cut_at`,
+half the file unless set, under the full length; later ones, ranged or not, are whole: a
+link cut once), `corrupt` (one byte changed, same length), `missing` (listed but 404 on
+download), and a slow answer of `Revision.stall` seconds: `stall-head` (the metadata
+request, HEAD), `stall-get` (the download's first answer), `stall-body` (headers sent, then
+no byte). `Revision.sent` counts the body bytes sent per file and `Revision.gets` each
+download's file and first byte, so that a test can tell what a resumed run transferred.
 
 Run alone: `python tests/hub/hub_standin.py --root DIR --repo THUDM/chatglm3-6b-32k --revision <40-hex>`
 prints the endpoint (`HF_ENDPOINT=...`) and serves until interrupted.
@@ -32,6 +36,7 @@ prints the endpoint (`HF_ENDPOINT=...`) and serves until interrupted.
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import hashlib
 import http.server
@@ -66,10 +71,20 @@ class Revision:
     """One revision's files, as the hub lists them."""
 
     def __init__(
-        self, root: Path, repo: str, commit: str, faults: dict[str, str] | None = None, stall: float = 30.0
+        self,
+        root: Path,
+        repo: str,
+        commit: str,
+        faults: dict[str, str] | None = None,
+        stall: float = 30.0,
+        cut_at: int | None = None,
     ) -> None:
         self.root, self.repo, self.commit, self.faults = root, repo, commit, dict(faults or {})
         self.stall = stall  # seconds a `stall-*` fault waits
+        self.cut_at = cut_at  # the byte a `cut` fault stops at (None: half the file)
+        self.sent: collections.Counter[str] = collections.Counter()  # body bytes sent, per file
+        self.gets: list[tuple[str, int]] = []  # each download (GET): the file and the first byte asked for
+        self._cut_done: set[str] = set()
         self.files = sorted(
             p.relative_to(root).as_posix()
             for p in root.rglob("*")
@@ -97,6 +112,19 @@ class Revision:
             pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha}\nsize {size}\n".encode()
             entry |= {"blobId": _git_blob(pointer), "lfs": {"sha256": sha, "size": size, "pointerSize": len(pointer)}}
         return entry
+
+    def cut_count(self, name: str, size: int, start: int) -> int | None:
+        """Bytes the first download of a `cut` file sends before the connection closes; None: no cut."""
+        with self._lock:
+            if self.faults.get(name) != "cut" or name in self._cut_done:
+                return None
+            self._cut_done.add(name)
+        return max(0, (size // 2 if self.cut_at is None else self.cut_at) - start)
+
+    def count_sent(self, name: str, start: int, count: int) -> None:
+        with self._lock:
+            self.gets.append((name, start))
+            self.sent[name] += count
 
     def warm(self) -> None:
         """Hash every file now, so that no request waits for it."""
@@ -182,6 +210,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             start = int(ranged[6:-1])
         if fault == ("stall-get" if body else "stall-head"):
             time.sleep(rev.stall)
+        if start:  # a resumed download: the rest of the file, as a server that allows ranges answers
+            headers["Content-Range"] = f"bytes {start}-{size - 1}/{size}"
         self.send_response(206 if start else 200)
         for key, value in headers.items():
             self.send_header(key, value)
@@ -191,24 +221,33 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return
         if fault == "stall-body":
             time.sleep(rev.stall)
-        # `truncate`: the full length is announced and half the bytes are sent, a connection cut mid-file.
-        count = (size - start) // 2 if fault == "truncate" else size - start
-        self._send_file(rev.root / name, start, count, corrupt_last=fault == "corrupt" and start + count == size)
+        # `truncate` and `cut`: the full length is announced and fewer bytes are sent, a connection cut mid-file.
+        cut = rev.cut_count(name, size, start) if fault == "cut" else None
+        count = size - start
         if fault == "truncate":
+            count //= 2
+        elif cut is not None:
+            count = cut
+        sent = self._send_file(rev.root / name, start, count, corrupt_last=fault == "corrupt" and start + count == size)
+        rev.count_sent(name, start, sent)
+        if fault == "truncate" or cut is not None:
             self.close_connection = True
 
-    def _send_file(self, path: Path, start: int, count: int, corrupt_last: bool) -> None:
-        """Bytes [start, start+count) from disk by sendfile; `corrupt_last` flips the file's last byte."""
+    def _send_file(self, path: Path, start: int, count: int, corrupt_last: bool) -> int:
+        """Bytes [start, start+count) from disk by sendfile (the last flipped if `corrupt_last`); the bytes sent."""
+        sent = 0
         try:
             with path.open("rb") as fh:
                 plain = count - 1 if corrupt_last else count
                 if plain > 0:  # socket.sendfile reads a count of 0 as "to the end"
-                    self.connection.sendfile(fh, start, plain)
+                    sent += self.connection.sendfile(fh, start, plain)
                 if corrupt_last:
                     fh.seek(start + count - 1)
                     self.wfile.write(bytes([fh.read(1)[0] ^ 0xFF]))
+                    sent += 1
         except (BrokenPipeError, ConnectionResetError):  # the client gave up (a timeout test, a cut)
             self.close_connection = True
+        return sent
 
     def _send(self, status: int, data: bytes, headers: dict[str, str], body: bool) -> None:
         self.send_response(status)

@@ -429,9 +429,14 @@ def test_bad_input_is_refused_naming_the_file_and_the_fix_and_changes_nothing(
     for phrase in phrases:
         assert phrase in message, f"{phrase!r} not in {message!r}"
     assert (_tree(models) if models.exists() else None) == before, "the models directory changed"
-    assert not work.exists(), "staging leftovers"
+    # A hub download that stopped keeps what it received and checked, for the next run (weights.kept_dir).
+    kept = weights.kept_dir(work, REPO, revision)
+    left = set(work.rglob("*")) if work.exists() else set()
+    assert not left - {kept.parent, kept, *kept.rglob("*")}, "staging leftovers"
+    assert not (kept / SHARD).exists(), "the refused file was kept"
     expected = {"models"} if prior == "staged" else set()
     expected |= {"copy"} if (tmp_path / "copy").exists() else set()
+    expected |= {"staging"} if kept.exists() else set()
     assert {p.name for p in tmp_path.iterdir()} == expected, "something was created beside the models directory"
 
 

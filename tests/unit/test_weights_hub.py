@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import http.client
 import importlib.util
 import os
 import socket
@@ -97,10 +98,27 @@ def test_the_hub_standin_serves_its_faults_from_disk(published_src):
     assert len(body) == len(data) and body[:-1] == data[:-1] and body[-1] == data[-1] ^ 0xFF
 
 
+def test_the_hub_standin_cuts_a_file_once_and_sends_the_rest_for_a_range(published_src):
+    """`cut` stops the first download at `cut_at` under the full length; a ranged GET then gets the rest (206)."""
+    data = (published_src / SHARD).read_bytes()
+    revision = standin.Revision(published_src, REPO, COMMIT, {SHARD: "cut"}, cut_at=1000)
+    with standin.serve(revision) as endpoint:
+        url = f"{endpoint}/{REPO}/resolve/{COMMIT}/{SHARD}"
+        with pytest.raises(http.client.IncompleteRead) as cut:
+            _get(url)
+        status, rest = _get(url, headers={"Range": "bytes=1000-"})
+        assert _get(url)[1] == data  # the cut was once
+    assert cut.value.partial == data[:1000] and (status, rest) == (206, data[1000:])
+    assert revision.gets == [(SHARD, 0), (SHARD, 1000), (SHARD, 0)]
+    assert revision.sent == {SHARD: 1000 + (len(data) - 1000) + len(data)}
+
+
 # ------------------------------------------------------------------------------------ timeouts
 
 
-def _make_weights(endpoint: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+def _make_weights(
+    endpoint: str, tmp_path: Path, revision: str = COMMIT, **env: str
+) -> subprocess.CompletedProcess[str]:
     """`python -m glmdeploy_control.weights` as `make weights` runs it, with `env` added."""
     dest = tmp_path / "models" / DEST_NAME
     environ = {k: v for k, v in os.environ.items() if not k.startswith("HF_") and k not in {"NO_PROXY", "no_proxy"}} | {
@@ -111,7 +129,7 @@ def _make_weights(endpoint: str, tmp_path: Path, **env: str) -> subprocess.Compl
         "HF_HUB_DISABLE_TELEMETRY": "1",
         **env,
     }
-    argv = ["--revision", COMMIT, "--dest", str(dest), "--work", str(tmp_path / "staging"), "--endpoint", endpoint]
+    argv = ["--revision", revision, "--dest", str(dest), "--work", str(tmp_path / "staging"), "--endpoint", endpoint]
     return subprocess.run(
         [sys.executable, "-m", "glmdeploy_control.weights", *argv],
         env=environ,
@@ -149,7 +167,11 @@ def test_a_hub_timeout_names_the_file_the_wait_and_the_setting(fault, published_
     assert message.endswith(
         f"fix: run make weights again with {setting}=60 in its environment (huggingface_hub's limit in seconds, now 1)"
     ), message
-    assert not (tmp_path / "models").exists() and not (tmp_path / "staging").exists()
+    assert not (tmp_path / "models").exists()
+    staging = tmp_path / "staging"
+    kept = weights.kept_dir(staging, REPO, COMMIT)  # what came before the shard, kept for the next run
+    assert list(staging.iterdir()) == [kept.parent] and list(kept.parent.iterdir()) == [kept]
+    assert not (kept / SHARD).exists()
 
 
 @pytest.mark.parametrize("fault", ["stall-head", "stall-get"])
