@@ -381,12 +381,28 @@ def signing_key(artifacts: Path) -> tuple[Path, Path]:
 
 
 def _gpg(home: Path, *args: str) -> str:
-    proc = subprocess.run(
-        ["gpg", "--homedir", str(home), "--batch", "--quiet", "--pinentry-mode", "loopback", "--passphrase", "", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    """gpg on the kit's key, run in a short copy of its home under the system's temporary directory.
+
+    Why a copy: gpg reaches its agent through a socket in the home directory, and a socket's path
+    is limited to 108 bytes. A checkout at a long path (a second control node restored under a
+    user's project tree) failed to sign with "No agent running". The copy's agent is stopped and
+    what gpg wrote (a new key, its trust database) goes back to the kit's home.
+    """
+    with tempfile.TemporaryDirectory(prefix="glmdeploy-gpg-") as short:
+        shutil.copytree(home, short, dirs_exist_ok=True, ignore=shutil.ignore_patterns("S.*"))
+        os.chmod(short, 0o700)
+        try:
+            proc = subprocess.run(
+                ["gpg", "--homedir", short, "--batch", "--quiet", "--pinentry-mode", "loopback", "--passphrase", "",
+                 *args],
+                capture_output=True,
+                text=True,
+                check=False,
+            )  # fmt: skip
+        finally:
+            subprocess.run(["gpgconf", "--homedir", short, "--kill", "all"], capture_output=True, check=False)
+        if proc.returncode == 0:
+            shutil.copytree(short, home, dirs_exist_ok=True, ignore=shutil.ignore_patterns("S.*"))
     if proc.returncode != 0:
         raise AptLockError(f"gpg {args[0]} failed: {proc.stderr.strip()[-800:]}")
     return proc.stdout

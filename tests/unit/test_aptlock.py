@@ -198,6 +198,17 @@ def test_repo_is_signed_by_the_kits_key_and_apt_installs_the_locked_versions_fro
     assert "Inst kitpkg (2.0 glmdeploy:test-1" in sim and "Inst libdep (1.0 glmdeploy:test-1" in sim, sim
 
 
+def test_a_checkout_at_a_long_path_still_signs_its_repository(tmp_path, archive):
+    """gpg's agent socket lives in its home, and a socket path is limited to 108 bytes: a second
+    control node restored at a long path once failed to sign ("No agent running")."""
+    reg = _registry(tmp_path, archive)
+    aptlock.write_lock(reg, "test-1", _mirror(archive))
+    artifacts = tmp_path / ("a-long-directory-name-" * 5) / "artifacts"
+    assert len(str(artifacts / "secrets" / "apt" / "S.gpg-agent.browser")) > 108
+    repo = aptlock.build_repo(reg, "test-1", artifacts, tmp_path / "cache", _mirror(archive))
+    assert (repo / "InRelease").read_text().startswith("-----BEGIN PGP SIGNED MESSAGE-----")
+
+
 def test_a_tampered_cached_deb_is_fetched_again_before_the_repository_is_built(tmp_path, archive):
     reg = _registry(tmp_path, archive)
     aptlock.write_lock(reg, "test-1", _mirror(archive))
