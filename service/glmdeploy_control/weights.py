@@ -149,7 +149,9 @@ def fetch_hub(repo: str, revision: str, dest: Path, include: list[str], endpoint
         listing[name]["sha256"] = listing[name]["sha256"] or file_sha256(dest / name)
     for extra in HF_BOOKKEEPING:
         shutil.rmtree(dest / extra, ignore_errors=True)
-    return {"source": f"hub {where}", "published": {n: listing[n] for n in names}}
+    # The route, not its address: the manifest covers SOURCE.json, and a model's identity (its
+    # releases, what nodes hold) must not change with the mirror's host, port or path.
+    return {"source": "hub", "published": {n: listing[n] for n in names}}
 
 
 def _size(listed: dict[str, Any]) -> int:
@@ -422,7 +424,7 @@ def fetch_dir(src: Path, dest: Path, include: list[str]) -> dict[str, Any] | Non
         (dest / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src / name, dest / name)
         listing[name]["sha256"] = file_sha256(dest / name)
-    return {"source": f"directory {src.resolve()}", "published": {n: listing[n] for n in names}}
+    return {"source": "directory", "published": {n: listing[n] for n in names}}
 
 
 # ---------------------------------------------------------------------------------------- staging

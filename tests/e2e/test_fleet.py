@@ -680,7 +680,7 @@ def test_rehearsal_model_came_from_the_hub_standin_as_safetensors_and_holds_no_p
     assert not [n for n in names if n.endswith(".bin")], names
     assert sum(n.endswith("-of-00007.safetensors") for n in names) == 7 and "model.safetensors.index.json" in names
     source = json.loads("{" + listing.stdout.split("{", 1)[1])
-    assert source["source"].startswith("hub http://127.0.0.1:"), source["source"]
+    assert source["source"] == "hub", source["source"]
     assert source["revision"] in fleet["staged"].args[-1] or source["revision"] in " ".join(fleet["staged"].args)
     assert len(source["published"]["pytorch_model-00001-of-00007.bin"]["sha256"]) == 64
 
