@@ -90,7 +90,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: update backup restore apt-repo control-packages sizes stage fixture-full firewall keys soak output-lock image image-smoke e2e-image test-inputs test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e e2e-node e2e-hosts test clean
+.PHONY: sbom audit audit-refresh update backup restore apt-repo control-packages sizes stage fixture-full firewall keys soak output-lock image image-smoke e2e-image test-inputs test-packages hosts-prefetch wheels-prefetch rehearsal-model rehearsal-source rollout rollback releases releases-table drills lb drain undrain weights driver driver-upgrade bench baseline verify tokenizer-lock hosts hosts-down hosts-status help tools lock lock-check wheelhouse fixture model deploy undeploy smoke lint unit e2e e2e-node e2e-hosts test clean
 
 help: ## List the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -147,6 +147,16 @@ lock: tools ## Re-resolve every constraints/*.in into hash-locked files (dated, 
 lock-check: tools ## Fail if a committed lock differs from a fresh resolve (apt locks: from the registry; versions the mirror moved past are named)
 	$(TOOLS)/bin/python -m glmdeploy_control.lock check
 	$(APTLOCK) check $(if $(APT_MIRROR),--mirror $(APT_MIRROR))
+
+sbom: tools ## CycloneDX inventory of every lock nodes install from, in artifacts/sbom/ (NODES=<reports>/smoke: also each node as make verify saw it); same lock, same bytes
+	$(TOOLS)/bin/python -m glmdeploy_control.sbom --out $(ARTIFACTS)/sbom $(if $(NODES),--nodes $(NODES))
+
+audit: tools ## Every locked Python package against published advisories, joined with constraints/advisories/triage.toml; fails on one nobody triaged (offline: the committed snapshot on loopback; OSV_URL=<an OSV /v1/query> asks that service)
+	$(TOOLS)/bin/python -m glmdeploy_control.audit check $(if $(OSV_URL),--osv-url $(OSV_URL))
+
+audit-refresh: tools ## Record a new advisory snapshot (constraints/advisories/osv-snapshot.json) from OSV_URL=<an OSV /v1/query> (needs it reachable); then make audit and triage what is new
+	@test -n "$(OSV_URL)" || { echo "ERROR: name the service: make audit-refresh OSV_URL=https://<OSV's API host>/v1/query"; exit 2; }
+	$(TOOLS)/bin/python -m glmdeploy_control.audit refresh --osv-url $(OSV_URL)
 
 # The kit's apt repository of a release's lock (artifacts/apt/), signed by the kit's key; a deploy
 # builds the one each node needs by itself (roles/glmdeploy, tasks_from apt): this builds it ahead.
@@ -356,6 +366,7 @@ lint: tools $(PROMTOOL) ## ansible-lint (production profile), yamllint, ruff, my
 	$(TOOLS)/bin/python tests/lint/facts.py
 	$(TOOLS)/bin/python tests/lint/single_source.py
 	$(TOOLS)/bin/python -m glmdeploy_control.gpu_docs --check
+	$(TOOLS)/bin/python -m glmdeploy_control.audit table --check
 	$(TOOLS)/bin/python -m pytest -q -p no:cacheprovider tests/lint/test_lints.py
 	ruff format --check service smoke_tests tests constraints roles plugins library module_utils
 
@@ -427,7 +438,7 @@ wheels-prefetch: tools ## Download every profile's wheelhouse for NODE_PY in the
 # tests; lint, the lock check and the unit tests. The last two chains' output is kept in
 # reports/checks/ and printed once all have ended.
 TEST_FIRST  := tools test-packages hosts-prefetch wheels-prefetch test-inputs
-TEST_BESIDE := lint lock-check unit e2e-image
+TEST_BESIDE := lint lock-check sbom audit unit e2e-image
 TEST_HOSTS  := e2e-hosts
 TEST_MAIN   := e2e-node
 PHASES := $(PYTHON) tests/ci/phases.py

@@ -79,6 +79,18 @@ class Balancer:
 
 
 @dataclass(frozen=True)
+class RequestLimits:
+    """What one request may ask of a node's engine (glmdeploy.serving.request_limits; the balancer's
+    nginx holds bodies and headers to the same bytes); max_tokens is the profile's max_model_len."""
+
+    max_body_bytes: int
+    max_header_bytes: int
+    max_n: int
+    max_best_of: int
+    max_logprobs: int
+
+
+@dataclass(frozen=True)
 class Share:
     """A node's share of the artifact stores it holds, for the length of a run's fan-out (roles/glmdeploy)."""
 
@@ -139,6 +151,7 @@ class Kit:
     services: dict[str, Service]
     image: Image
     balancer: Balancer
+    request_limits: RequestLimits
     share: Share
     apt: Apt
     gpu_classes: dict[str, GpuClass]

@@ -25,6 +25,7 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import ssl
@@ -851,6 +852,73 @@ def test_api_beyond_localhost_requires_the_key_and_the_key_stays_secret(fleet):
 
 
 KEYS = f"http://{hostctl.host_ip(LB_HOST)}:{REGISTRY['kit']['balancer']['keys_port']}"
+
+
+# Requests over the kit's request limits (glmdeploy.serving.request_limits, registry kit.request_limits):
+# each is one of vLLM 0.4.3's published weaknesses (constraints/advisories/triage.toml), and each
+# must get a 400 naming its field from the rehearsal node's own vLLM 0.4.3 server.
+OVER_LIMITS = {
+    "prompt": {"prompt": ""},  # CVE-2024-8768
+    "best_of": {"prompt": "hi", "best_of": 64},  # CVE-2024-8939
+    "n": {"prompt": "hi", "n": 64},  # CVE-2026-34756
+    "guided_regex": {"prompt": "hi", "guided_regex": "(a+)+$"},  # CVE-2025-29770, CVE-2026-55574
+    "temperature": {"prompt": "hi", "temperature": "NaN"},  # CVE-2026-54235 (sent as the bare token NaN)
+}
+# Run on the balancer's host, the one host besides the monitor that the node's firewall lets reach
+# its server; the deployment's key is read there from the balancer's own file, never passed along.
+OVER_LIMITS_CLIENT = """
+import json, re, sys, urllib.error, urllib.request
+url, cases = sys.argv[1], json.loads(sys.argv[2])
+key = re.search(r'Bearer (\\S+)"', open("/etc/nginx/glmdeploy-node-key.conf").read())[1]
+out = {}
+for name, fields in cases.items():
+    body = json.dumps({"model": "chatglm3-6b-32k", "max_tokens": 4, **fields}).replace('"NaN"', "NaN").encode()
+    req = urllib.request.Request(url, body, {"Content-Type": "application/json", "Authorization": "Bearer " + key})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            out[name] = [resp.status, json.loads(resp.read())]
+    except urllib.error.HTTPError as err:
+        out[name] = [err.code, json.loads(err.read())]
+print(json.dumps(out))
+"""
+
+
+def test_requests_over_the_limits_get_a_400_naming_the_limit_and_the_servers_keep_answering(fleet):
+    """On the rehearsal node's vLLM 0.4.3 (the request limits in its own API server), then through
+    the balancer (bodies and headers): each a 400 in OpenAI's error shape naming the field, and the
+    server that refused keeps its process and answers the next request."""
+    pid = "systemctl show -p MainPID --value glmdeploy-vllm_server"
+    before = on_host(GPU, pid).stdout.strip()
+    port = REGISTRY["kit"]["services"]["vllm_server"]["port"]
+    url = f"http://{hostctl.host_ip(GPU)}:{port}/v1/completions"
+    cases = json.dumps({**OVER_LIMITS, "within": {"prompt": "hi", "n": 2}})
+    out = on_host(LB_HOST, f"python3 -c {shlex.quote(OVER_LIMITS_CLIENT)} {url} {shlex.quote(cases)}")
+    answers = json.loads(out.stdout or "{}")
+    assert answers, out.stderr
+    for field in OVER_LIMITS:
+        status, body = answers[field]
+        assert (status, body["error"]["param"]) == (400, field), (field, body)
+        assert "fix:" in body["error"]["message"] and body["error"]["type"] == "invalid_request_error"
+    status, body = answers["within"]
+    assert status == 200 and len(body["choices"]) == 2, body
+    assert on_host(GPU, pid).stdout.strip() == before, "vLLM 0.4.3 restarted after the refused requests"
+    key = KEY_FILE.read_text().strip()
+    limits = REGISTRY["kit"]["request_limits"]
+    status, _, raw = lb_request(key, body={"model": "chatglm3-6b-32k", "prompt": "a" * (limits["max_body_bytes"] + 1)})
+    assert (status, json.loads(raw)["error"]["param"]) == (400, "body"), raw
+    request = urllib.request.Request(
+        LB_API + "/completions",
+        json.dumps({"model": "chatglm3-6b-32k", "prompt": "hi", "max_tokens": 4}).encode(),
+        {
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {key}",
+            "X-Big": "a" * (limits["max_header_bytes"] + 1),
+        },
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    assert (refused.value.code, json.loads(refused.value.read())["error"]["param"]) == (400, "headers")
+    assert lb_generate(key)[0] == 200, "the balancer stopped answering after the refused requests"
 
 
 def lb_request(key: str, path: str = "/v1/completions", body: dict | None = None) -> tuple[int, dict[str, str], bytes]:

@@ -30,7 +30,7 @@ from typing import Any
 SERVICE = Path(__file__).resolve().parents[2] / "service"
 if str(SERVICE) not in sys.path:  # run as `python3 tests/rehearsal/run_rehearsal.py` from a checkout
     sys.path.insert(0, str(SERVICE))
-from glmdeploy import sse  # noqa: E402  (stdlib only: any python3 runs it)
+from glmdeploy.api import sse  # noqa: E402  (stdlib only: any python3 runs it)
 from glmdeploy_control import registry  # noqa: E402  (stdlib only too)
 
 HOST = "127.0.0.1"
