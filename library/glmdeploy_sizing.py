@@ -23,6 +23,7 @@ module: glmdeploy_sizing
 short_description: vLLM settings for the node's GPU class (given, or detected through NVML)
 options:
   gpu_class: {description: the class; empty to detect the node's first GPU, type: str, default: ""}
+  prefix_caching: {description: "false: the prefix cache off (users must not share it)", type: bool, default: true}
   classes: {description: the registry's GPU classes (the node plan's gpu_classes), type: dict, required: true}
   max_model_len: {description: the profile's context length, type: int, required: true}
   tensor_parallel: {description: GPUs of the host serving one model, type: int, default: 1}
@@ -63,7 +64,7 @@ def size(sizing: Any, params: dict[str, Any]) -> dict[str, Any]:
     return {
         "settings": asdict(settings),
         "engine": ".".join(map(str, engine)) if engine else None,
-        "vllm_args": settings.vllm_args(engine),
+        "vllm_args": settings.vllm_args(engine, prefix_caching=params["prefix_caching"]),
     }
 
 
@@ -75,6 +76,7 @@ def main() -> None:
             "max_model_len": {"type": "int", "required": True},
             "tensor_parallel": {"type": "int", "default": 1},
             "setting": {"type": "str", "default": "gpu_class"},
+            "prefix_caching": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
     )

@@ -178,3 +178,14 @@ def test_a_class_with_several_api_servers_and_no_engine_version_is_refused_by_th
     del data["kit"]["gpu_classes"]["h200"]["api_servers_since"]
     with pytest.raises(registry.RegistryError, match=r"gpu_classes.h200.*api_servers_since"):
         registry.parse(data, REGISTRY.path)
+
+
+def test_prefix_caching_off_leaves_the_flag_out_on_0_4_3_and_turns_it_off_on_0_26():
+    """vllm_server_prefix_caching=false (users who must not share the engine's prefix cache:
+    CVE-2025-25183, CVE-2025-46570): 0.4.3 caches only when told, 0.26 unless told not to."""
+    s = for_class("rtx-4090")
+    assert "--enable-prefix-caching" in s.vllm_args((0, 4, 3))
+    off_043 = s.vllm_args((0, 4, 3), prefix_caching=False)
+    assert not [a for a in off_043 if "prefix-caching" in a]
+    assert "--no-enable-prefix-caching" in for_class("h200").vllm_args((0, 26, 0), prefix_caching=False)
+    assert [a for a in off_043 if "prefix" not in a] == [a for a in s.vllm_args((0, 4, 3)) if "prefix" not in a]

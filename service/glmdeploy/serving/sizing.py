@@ -127,8 +127,11 @@ class Settings:
     #: The oldest vLLM that takes --api-server-count (the class's api_servers_since).
     api_servers_since: str = field(default="")
 
-    def vllm_args(self, engine: tuple[int, ...] | None = None) -> list[str]:
-        """The engine's arguments; `engine` is the vLLM that will run them (engine_version()), None if unknown."""
+    def vllm_args(self, engine: tuple[int, ...] | None = None, prefix_caching: bool = True) -> list[str]:
+        """The engine's arguments; `engine` is the vLLM that will run them (engine_version()), None if
+        unknown. `prefix_caching=False` (vllm_server_prefix_caching; docs/decisions.md, "Prefix caching
+        between users") leaves it off: vLLM 0.4.3 has it off unless told, vLLM 0.26 (the GPU runs'
+        engine) has it on unless told --no-enable-prefix-caching; engines between are not gated."""
         # Workers as local processes: vLLM 0.4.3 picks ray whenever it is installed (it is, in the lock),
         # which the kit neither configures nor needs on one host.
         tp = (
@@ -152,9 +155,19 @@ class Settings:
             "--gpu-memory-utilization",
             f"{self.gpu_memory_utilization:.2f}",
             *batching,
-            "--enable-prefix-caching",
+            *_prefix_caching(engine, prefix_caching),
             *front_end,
         ]
+
+
+#: The first vLLM the kit has run that takes --no-enable-prefix-caching (and caches by default).
+PREFIX_CACHING_DEFAULT_ON_SINCE = (0, 26)
+
+
+def _prefix_caching(engine: tuple[int, ...] | None, wanted: bool) -> list[str]:
+    if wanted:
+        return ["--enable-prefix-caching"]
+    return ["--no-enable-prefix-caching"] if engine is not None and engine >= PREFIX_CACHING_DEFAULT_ON_SINCE else []
 
 
 def _power_of_two_at_most(value: float) -> int:
