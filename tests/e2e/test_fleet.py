@@ -883,6 +883,29 @@ print(json.dumps(out))
 """
 
 
+# Code later vLLM advisories are in, which OSV's ranges (all starting at 0) also lay on 0.4.3
+# (constraints/advisories/triage.toml): files of vllm/ whose absence makes them not reachable.
+LATER_VLLM_CODE = [
+    "engine/multiprocessing",  # AsyncEngineRPCServer (CVE-2024-9053)
+    "entrypoints/openai/rpc",
+    "multimodal",  # the hasher and MediaConnector (CVE-2025-46722, CVE-2026-24779), audio (CVE-2026-54233)
+    "v1",  # the V1 KV cache interface (CVE-2026-7141)
+    "entrypoints/anthropic",  # the Anthropic router (CVE-2026-54236)
+    "distributed/device_communicators/shm_broadcast.py",  # MessageQueue (CVE-2024-11041)
+]
+
+
+def test_the_rehearsal_nodes_vllm_holds_none_of_the_code_later_advisories_are_in(fleet):
+    site = "/opt/glmdeploy/current/venv/lib/python3.11/site-packages/vllm"
+    found = (
+        f"ls -d {' '.join(LATER_VLLM_CODE)} 2>/dev/null; grep -c 'class GroupCoordinator' distributed/parallel_state.py"
+    )
+    listing = on_host(GPU, f"cd {site} && {found}; grep ^Version ../vllm-*.dist-info/METADATA")
+    lines = listing.stdout.split()
+    assert lines[-2:] == ["Version:", "0.4.3"], listing.stdout  # the node's vLLM is the pinned one
+    assert lines[:-2] == ["0"], f"vLLM 0.4.3 on the node holds code the triage says it lacks: {listing.stdout}"
+
+
 def test_requests_over_the_limits_get_a_400_naming_the_limit_and_the_servers_keep_answering(fleet):
     """On the rehearsal node's vLLM 0.4.3 (the request limits in its own API server), then through
     the balancer (bodies and headers): each a 400 in OpenAI's error shape naming the field, and the
