@@ -177,7 +177,7 @@ def judge(findings: list[Finding], entries: list[Entry], root: Path = ROOT) -> l
 
 def node_locks(reg: registry.Registry) -> list[Path]:
     """The Python locks nodes install from (the apt locks are the distribution's: `make update`)."""
-    return [p for p in sbom.default_locks(reg) if p.suffix == ".txt"]
+    return sbom.python_locks(reg)
 
 
 def check(locks: list[Path], osv_url: str, entries: list[Entry]) -> tuple[list[Finding], list[str]]:
@@ -238,7 +238,7 @@ def import_db(locks: list[Path], db: Path, source: str, taken: str, out: Path) -
     within the snapshot's packages is audited without a new snapshot."""
     import yaml  # the tool environment's (Ansible's); only this subcommand needs it
 
-    class Verbatim(yaml.SafeLoader):
+    class Verbatim(yaml.SafeLoader):  # type: ignore[misc]  # no type stubs for PyYAML here
         """Timestamps stay the strings the record has (OSV's RFC 3339), not Python datetimes."""
 
     Verbatim.add_constructor("tag:yaml.org,2002:timestamp", lambda loader, node: loader.construct_scalar(node))

@@ -50,11 +50,20 @@ class SbomError(RuntimeError):
     """A problem the user can fix; printed without a traceback."""
 
 
+def python_locks(reg: registry.Registry) -> list[Path]:
+    """Each node profile's Python lock, per Python, that exists."""
+    found = [CONSTRAINTS / reg.lock_name(name, py) for name, profile in reg.profiles.items() for py in profile.python]
+    return [p for p in found if p.exists()]
+
+
+def apt_locks(reg: registry.Registry) -> list[Path]:
+    """Each node release's apt lock that exists."""
+    return [p for p in (CONSTRAINTS / reg.apt_lock_name(r) for r in reg.kit.apt.releases) if p.exists()]
+
+
 def default_locks(reg: registry.Registry) -> list[Path]:
     """Every lock a node installs from: each profile's Python lock per Python, each release's apt lock."""
-    python = [CONSTRAINTS / reg.lock_name(name, py) for name, profile in reg.profiles.items() for py in profile.python]
-    apt = [CONSTRAINTS / reg.apt_lock_name(release) for release in reg.kit.apt.releases]
-    return [p for p in [*python, *apt] if p.exists()]
+    return [*python_locks(reg), *apt_locks(reg)]
 
 
 def _bom(lock: Path, text: str, when: datetime | None, components: Iterable[Component]) -> Bom:
@@ -127,15 +136,13 @@ def render(bom: Bom) -> str:
 
 def bom_for(lock: Path, reg: registry.Registry) -> Bom:
     """The SBOM of one lock file, by its kind (a Python lock or an apt lock)."""
-    if lock.suffix == ".lock":
+    apt = {Path(reg.apt_lock_name(r)).name for r in reg.kit.apt.releases}
+    if lock.name in apt:
         return apt_bom(lock)
-    for name, spec in reg.lock_sets().items():
-        if any(lock.name == reg.lock_name(name, py) for py in spec.python):
-            return python_bom(lock, spec.exclude_newer)
-    raise SbomError(
-        f"{lock}: not a lock the registry names (constraints/<set>-py<XY>.txt or constraints/apt/<release>.lock); "
-        "fix: name one of constraints/*.txt or constraints/apt/*.lock"
-    )
+    python = {reg.lock_name(name, py): spec for name, spec in reg.lock_sets().items() for py in spec.python}
+    if lock.name in python:
+        return python_bom(lock, python[lock.name].exclude_newer)
+    raise SbomError(f"{lock}: not a lock the registry names; fix: name one of {', '.join(sorted([*python, *apt]))}")
 
 
 def write(locks: list[Path], out: Path, reg: registry.Registry) -> list[Path]:
