@@ -148,8 +148,8 @@ lock-check: tools ## Fail if a committed lock differs from a fresh resolve (apt 
 	$(TOOLS)/bin/python -m glmdeploy_control.lock check
 	$(APTLOCK) check $(if $(APT_MIRROR),--mirror $(APT_MIRROR))
 
-sbom: tools ## CycloneDX inventory of every lock nodes install from, in artifacts/sbom/ (NODES=<reports>/smoke: also each node as make verify saw it); same lock, same bytes
-	$(TOOLS)/bin/python -m glmdeploy_control.sbom --out $(ARTIFACTS)/sbom $(if $(NODES),--nodes $(NODES))
+sbom: tools ## CycloneDX inventory of every lock nodes install from, in artifacts/sbom/ (NODES=<reports>/smoke: also each node as make verify saw it; each image make image-smoke ran); same lock, same bytes
+	$(TOOLS)/bin/python -m glmdeploy_control.sbom --out $(ARTIFACTS)/sbom --images $(REPORTS) $(if $(NODES),--nodes $(NODES))
 
 audit: tools ## Every locked Python package against published advisories, joined with constraints/advisories/triage.toml; fails on one nobody triaged (offline: the committed snapshot on loopback; OSV_URL=<an OSV /v1/query> asks that service)
 	$(TOOLS)/bin/python -m glmdeploy_control.audit check $(if $(OSV_URL),--osv-url $(OSV_URL))

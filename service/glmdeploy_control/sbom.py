@@ -11,10 +11,10 @@ derived from the lock's digest, and the timestamp is the lock's own date (the re
 A deployed node's inventory is what `make verify` saw on it (`--nodes <reports>/smoke`): each
 host's installed Python packages (its fingerprint) and its kit distribution packages (apt.json),
 as `<out>/node-<host>.cdx.json`, dated by the report's own time; no digests (a node reports
-versions, not files). A container image runs its profile's Python lock, so the lock's SBOM is the
-image's Python inventory.
+versions, not files). A container image's (`--images <reports>`) is its Python environment as
+`make image-smoke`'s fingerprint saw it inside the image, as `image-<profile>.cdx.json`.
 
-    python -m glmdeploy_control.sbom [--out artifacts/sbom] [--nodes reports/smoke] [LOCK ...]
+    python -m glmdeploy_control.sbom [--out artifacts/sbom] [--nodes reports/smoke] [--images reports] [LOCK ...]
 """
 
 from __future__ import annotations
@@ -162,7 +162,11 @@ def write(locks: list[Path], out: Path, reg: registry.Registry) -> list[Path]:
 
 def node_bom(host_dir: Path) -> Bom:
     """One node's SBOM from what `make verify` recorded for it."""
-    fp_file = host_dir / "fingerprint.json"
+    return fingerprint_bom(host_dir / "fingerprint.json", host_dir / "apt.json", f"node-{host_dir.name}")
+
+
+def fingerprint_bom(fp_file: Path, apt_file: Path | None, name: str) -> Bom:
+    """The SBOM of an environment as its fingerprint saw it (a node's, or an image's smoke run's)."""
     fingerprint = json.loads(fp_file.read_text())
     python = cast(dict[str, str], fingerprint.get("_package_versions", {}))
     components = [
@@ -175,8 +179,7 @@ def node_bom(host_dir: Path) -> Bom:
         )
         for name, version in sorted(python.items())
     ]
-    apt_file = host_dir / "apt.json"
-    if apt_file.exists():
+    if apt_file is not None and apt_file.exists():
         installed = cast(dict[str, dict[str, str]], json.loads(apt_file.read_text()).get("packages", {}))
         components += [
             Component(
@@ -190,7 +193,7 @@ def node_bom(host_dir: Path) -> Bom:
         ]
     text = json.dumps([python, sorted(c.bom_ref.value or "" for c in components)], sort_keys=True)
     when = datetime.fromtimestamp(fp_file.stat().st_mtime, UTC).replace(microsecond=0)
-    return _bom(Path(f"node-{host_dir.name}"), text, when, components)
+    return _bom(Path(name), text, when, components)
 
 
 def write_nodes(reports: Path, out: Path) -> list[Path]:
@@ -211,17 +214,37 @@ def write_nodes(reports: Path, out: Path) -> list[Path]:
     return written
 
 
+def write_images(reports: Path, out: Path) -> list[Path]:
+    """An image SBOM for every image `make image-smoke` ran (its Python environment as the smoke
+    run's fingerprint saw it inside the image; the image's distribution packages are not listed)."""
+    written = []
+    for fp_file in sorted(reports.glob("image-smoke-*-fingerprint.json")):
+        profile = fp_file.name.removeprefix("image-smoke-").removesuffix("-fingerprint.json")
+        bom = fingerprint_bom(fp_file, None, f"image-{profile}")
+        out.mkdir(parents=True, exist_ok=True)
+        target = out / f"image-{profile}.cdx.json"
+        target.write_text(render(bom))
+        print(
+            f"==> {target}: {len(bom.components)} components (the {profile} image, as its smoke run saw it)", flush=True
+        )
+        written.append(target)
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="glmdeploy-sbom", description=__doc__.split("\n\n")[0])
     parser.add_argument("locks", nargs="*", type=Path, help="lock files (default: every node profile's and release's)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     parser.add_argument("--nodes", type=Path, help="also each node make verify reported here (<reports>/smoke)")
+    parser.add_argument("--images", type=Path, help="also each image make image-smoke reported here (<reports>)")
     args = parser.parse_args(argv)
     reg = registry.load()
     try:
         write(args.locks or default_locks(reg), args.out, reg)
         if args.nodes:
             write_nodes(args.nodes, args.out)
+        if args.images:
+            write_images(args.images, args.out)
     except SbomError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

