@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from pathlib import Path
 from typing import Any
 
 
@@ -29,7 +30,7 @@ def entries(report: dict[str, Any]) -> dict[str, tuple[object, str]]:
 
 
 def main() -> int:
-    old, new = (entries(json.load(open(path))) for path in sys.argv[1:3])
+    old, new = (entries(json.loads(Path(path).read_text())) for path in sys.argv[1:3])
     differ = [name for name in old if old[name] != new.get(name)]
     print(f"{len(old)} entries, {len(old) - len(differ)} identical")
     for name in differ:
