@@ -120,8 +120,9 @@ def test_a_body_that_is_not_a_json_object_is_left_to_vllm() -> None:
 
 
 def test_missing_or_malformed_limits_stop_the_server_start_naming_the_variable() -> None:
-    for environ in ({}, {request_limits.ENV: "{}"}, {request_limits.ENV: "not json"}):
+    for environ in ({}, {request_limits.ENV: "max_n=4"}, {request_limits.ENV: "max_n=four"}):
         with pytest.raises(RuntimeError, match=r"GLMDEPLOY_REQUEST_LIMITS.*fix: redeploy"):
             request_limits.load_limits(environ)
-    given = {**LIMITS, "max_header_bytes": 1}
-    assert request_limits.load_limits({request_limits.ENV: json.dumps(given)}) == LIMITS
+    # As the launcher's environment carries them (roles/vllm_server): name=value pairs, no quotes.
+    given = ",".join(f"{k}={v}" for k, v in {**LIMITS, "max_header_bytes": 1}.items())
+    assert request_limits.load_limits({request_limits.ENV: given}) == LIMITS

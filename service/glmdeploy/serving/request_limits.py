@@ -12,7 +12,8 @@ the server keeps serving. Pure ASGI and the standard library: it runs inside whi
 profile pins (0.4.3's FastAPI/Starlette, or a newer one) without importing either.
 
 The bounds come from the registry's `[kit.request_limits]` (plus the profile's context length as
-`max_tokens`), passed by the launcher's environment as JSON in `GLMDEPLOY_REQUEST_LIMITS`.
+`max_tokens`), passed by the launcher's environment in `GLMDEPLOY_REQUEST_LIMITS` as `name=value`
+pairs joined by commas (no quotes: systemd's `Environment=` would take them out).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def load_limits(environ: MutableMapping[str, str] | None = None) -> dict[str, in
     start with the variable named (a server that silently ran without bounds would look protected)."""
     raw = (os.environ if environ is None else environ).get(ENV, "")
     try:
-        given = json.loads(raw)
+        given = dict(pair.split("=", 1) for pair in raw.split(","))
         limits = {k: int(given[k]) for k in KEYS}
     except (ValueError, KeyError, TypeError) as exc:
         raise RuntimeError(
