@@ -896,11 +896,12 @@ LATER_VLLM_CODE = [
 
 
 def test_the_rehearsal_nodes_vllm_holds_none_of_the_code_later_advisories_are_in(fleet):
-    site = "/opt/glmdeploy/current/venv/lib/python3.11/site-packages/vllm"
+    python = "/opt/glmdeploy/current/venv/bin/python"
+    where = f"{python} -c \"import importlib.util as u; print(u.find_spec('vllm').submodule_search_locations[0])\""
     found = (
         f"ls -d {' '.join(LATER_VLLM_CODE)} 2>/dev/null; grep -c 'class GroupCoordinator' distributed/parallel_state.py"
     )
-    listing = on_host(GPU, f"cd {site} && {found}; grep ^Version ../vllm-*.dist-info/METADATA")
+    listing = on_host(GPU, f"cd $({where}) && {found}; grep ^Version ../vllm-*.dist-info/METADATA")
     lines = listing.stdout.split()
     assert lines[-2:] == ["Version:", "0.4.3"], listing.stdout  # the node's vLLM is the pinned one
     assert lines[:-2] == ["0"], f"vLLM 0.4.3 on the node holds code the triage says it lacks: {listing.stdout}"
@@ -1067,7 +1068,10 @@ def test_user_keys_a_revoked_key_is_refused_at_once_while_running_streams_finish
 
 OPENAI_TLS = """
 import json, sys
-import httpx
+try:  # openai 3 (the gpu-cu121 lock) is built on httpx2, openai 1 on httpx
+    import httpx2 as httpx
+except ImportError:
+    import httpx
 from openai import OpenAI
 node = json.load(open('/etc/glmdeploy/node.json'))
 url, ca = sys.argv[1], sys.argv[2]
