@@ -35,7 +35,7 @@ from typing import Any
 import glmdeploy_environment as environment
 import tomllib
 
-from glmdeploy_control import osv_snapshot, registry, sbom
+from glmdeploy_control import doc_tables, osv_snapshot, registry, sbom
 
 ROOT = Path(__file__).resolve().parents[2]
 ADVISORIES = ROOT / "constraints" / "advisories"
@@ -266,10 +266,10 @@ def table(entries: list[Entry]) -> str:
 
 
 def rendered(text: str, entries: list[Entry]) -> str:
-    if BEGIN not in text or END not in text:
-        raise AuditError(f"{DOC.name} lacks the markers {BEGIN!r} ... {END!r}; fix: put them where the table goes")
-    head, rest = text.split(BEGIN, 1)
-    return head + table(entries) + rest.split(END, 1)[1]
+    try:
+        return doc_tables.replace_block(text, BEGIN, END, table(entries), DOC.name)
+    except ValueError as exc:
+        raise AuditError(str(exc)) from exc
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -84,21 +84,23 @@ def _bom(lock: Path, text: str, when: datetime | None, components: Iterable[Comp
     return bom
 
 
+def _pypi(name: str, version: str, hashes: Iterable[str] = ()) -> Component:
+    """A Python package as a component: its purl, and the SHA256 digests a lock allows (if any)."""
+    return Component(
+        name=name,
+        version=version,
+        type=ComponentType.LIBRARY,
+        purl=PackageURL(type="pypi", name=name, version=version),
+        bom_ref=f"pkg:pypi/{name}@{version}",
+        hashes=[HashType(alg=HashAlgorithm.SHA_256, content=h) for h in sorted(hashes)],
+    )
+
+
 def python_bom(lock: Path, exclude_newer: str) -> Bom:
     """A Python lock's SBOM: every pinned package as pkg:pypi, with the wheel digests the lock allows."""
     text = lock.read_text()
     pins = environment.parse_lock_text(text)
-    components = [
-        Component(
-            name=name,
-            version=version,
-            type=ComponentType.LIBRARY,
-            purl=PackageURL(type="pypi", name=name, version=version),
-            bom_ref=f"pkg:pypi/{name}@{version}",
-            hashes=[HashType(alg=HashAlgorithm.SHA_256, content=h) for h in sorted(hashes)],
-        )
-        for name, (version, hashes) in sorted(pins.items())
-    ]
+    components = [_pypi(name, version, hashes) for name, (version, hashes) in sorted(pins.items())]
     return _bom(lock, text, datetime.fromisoformat(exclude_newer).replace(tzinfo=UTC), components)
 
 
@@ -169,16 +171,7 @@ def fingerprint_bom(fp_file: Path, apt_file: Path | None, name: str) -> Bom:
     """The SBOM of an environment as its fingerprint saw it (a node's, or an image's smoke run's)."""
     fingerprint = json.loads(fp_file.read_text())
     python = cast(dict[str, str], fingerprint.get("_package_versions", {}))
-    components = [
-        Component(
-            name=name,
-            version=version,
-            type=ComponentType.LIBRARY,
-            purl=PackageURL(type="pypi", name=name, version=version),
-            bom_ref=f"pkg:pypi/{name}@{version}",
-        )
-        for name, version in sorted(python.items())
-    ]
+    components = [_pypi(name, version) for name, version in sorted(python.items())]
     if apt_file is not None and apt_file.exists():
         installed = cast(dict[str, dict[str, str]], json.loads(apt_file.read_text()).get("packages", {}))
         components += [
